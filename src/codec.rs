@@ -1,0 +1,319 @@
+//! [`FrameCodec`]: the gomux wire format as a `tokio_util` [`Decoder`] and [`Encoder`].
+//!
+//! Usable on its own with [`tokio_util::codec::Framed`] for tools, tests and fuzzing; the
+//! session uses the same decoder on its read buffer.
+//!
+//! The decoder faces untrusted input: it checks a Data frame's length against the configured
+//! maximum **before** reserving room for it, rejects unknown kinds, and never reads a payload for
+//! a kind other than Data, whatever its length field says (the Go reader reads none either).
+//!
+//! ```
+//! use bytes::BytesMut;
+//! use gomux::codec::FrameCodec;
+//! use gomux::frame::{Frame, Kind};
+//! use tokio_util::codec::{Decoder, Encoder};
+//!
+//! let mut codec = FrameCodec::new();
+//! let mut wire = BytesMut::new();
+//! codec.encode(Frame::data(2, &b"hello"[..]), &mut wire)?;
+//! assert_eq!(&wire[..8], &[2, 0, 0, 0, 5, 0, 0, 0]);
+//! let frame = codec.decode(&mut wire)?.expect("a whole frame");
+//! assert_eq!(frame.header.kind, Kind::Data);
+//! assert_eq!(&frame.payload[..], b"hello");
+//! # Ok::<(), gomux::CodecError>(())
+//! ```
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::error::{CodecError, ProtocolError};
+use crate::frame::{Frame, Header, Kind, HEADER_LEN, MAX_LENGTH_FIELD, MAX_PAYLOAD};
+
+/// Encoder and decoder of gomux frames.
+#[derive(Debug, Clone)]
+pub struct FrameCodec {
+    max_payload: usize,
+    state: DecodeState,
+}
+
+/// Where the decoder is: waiting for a header, or for the payload of a Data frame whose header
+/// it already consumed.
+#[derive(Debug, Clone, Copy)]
+enum DecodeState {
+    Head,
+    Data(Header),
+}
+
+impl FrameCodec {
+    /// A codec accepting Data payloads up to [`MAX_PAYLOAD`] (65536) bytes, the Go limit.
+    pub fn new() -> FrameCodec {
+        FrameCodec::with_max_payload(MAX_PAYLOAD)
+    }
+
+    /// A codec accepting Data payloads up to `max_payload` bytes (capped at the 24-bit field's
+    /// 16,777,215). Setting a limit is what keeps a hostile peer from making the decoder reserve
+    /// large buffers; do not raise it for input you do not trust.
+    pub fn with_max_payload(max_payload: usize) -> FrameCodec {
+        FrameCodec {
+            max_payload: max_payload.min(MAX_LENGTH_FIELD as usize),
+            state: DecodeState::Head,
+        }
+    }
+
+    /// The largest Data payload this codec accepts.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Whether a Data frame's header has been consumed and its payload is still awaited.
+    pub(crate) fn in_frame(&self) -> bool {
+        matches!(self.state, DecodeState::Data(_))
+    }
+
+    /// Decodes one header from the front of `src`, or returns `None` when fewer than 8 bytes are
+    /// there. Consumes the header bytes on success.
+    fn decode_head(&self, src: &mut BytesMut) -> Result<Option<Header>, ProtocolError> {
+        let Some(bytes) = src.get(..HEADER_LEN) else {
+            return Ok(None);
+        };
+        let mut raw = [0u8; HEADER_LEN];
+        raw.copy_from_slice(bytes);
+        let header = Header::from_bytes(raw).map_err(|kind| ProtocolError::UnknownKind {
+            id: u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]),
+            kind,
+        })?;
+        if header.kind == Kind::Data && header.length as usize > self.max_payload {
+            return Err(ProtocolError::PayloadTooLarge {
+                id: header.id,
+                length: header.length,
+                max: self.max_payload,
+            });
+        }
+        src.advance(HEADER_LEN);
+        Ok(Some(header))
+    }
+}
+
+impl Default for FrameCodec {
+    fn default() -> FrameCodec {
+        FrameCodec::new()
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = CodecError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
+        // States: `Head` needs 8 bytes; a Data header moves to `Data(header)`, which needs
+        // `header.length` more bytes. Other kinds are complete with their header.
+        let header = match self.state {
+            DecodeState::Head => match self.decode_head(src)? {
+                None => return Ok(None),
+                Some(header) if header.kind != Kind::Data => {
+                    return Ok(Some(Frame {
+                        header,
+                        payload: Bytes::new(),
+                    }));
+                }
+                Some(header) => header,
+            },
+            DecodeState::Data(header) => header,
+        };
+        let len = header.length as usize;
+        if src.len() < len {
+            // The length was checked against the limit, so this reserve is bounded.
+            src.reserve(len - src.len());
+            self.state = DecodeState::Data(header);
+            return Ok(None);
+        }
+        self.state = DecodeState::Head;
+        Ok(Some(Frame {
+            header,
+            payload: src.split_to(len).freeze(),
+        }))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
+        match self.decode(buf)? {
+            Some(frame) => Ok(Some(frame)),
+            None if buf.is_empty() && matches!(self.state, DecodeState::Head) => Ok(None),
+            None => Err(CodecError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection ended in the middle of a frame",
+            ))),
+        }
+    }
+}
+
+impl Encoder<Frame> for FrameCodec {
+    type Error = CodecError;
+
+    fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
+        let Frame { header, payload } = frame;
+        if header.length > MAX_LENGTH_FIELD {
+            return Err(CodecError::InvalidFrame("length above the 24-bit field"));
+        }
+        if header.kind == Kind::Data {
+            if payload.len() != header.length as usize {
+                return Err(CodecError::InvalidFrame(
+                    "data length field differs from the payload length",
+                ));
+            }
+            if payload.len() > self.max_payload {
+                return Err(CodecError::InvalidFrame("data payload above the maximum"));
+            }
+        } else if !payload.is_empty() {
+            return Err(CodecError::InvalidFrame(
+                "payload on a frame kind that has none",
+            ));
+        }
+        dst.reserve(HEADER_LEN + payload.len());
+        dst.put_slice(&header.to_bytes());
+        dst.put_slice(&payload);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(codec: &mut FrameCodec, wire: &[u8]) -> Vec<Frame> {
+        let mut buf = BytesMut::from(wire);
+        let mut frames = Vec::new();
+        while let Some(frame) = codec.decode(&mut buf).expect("valid input") {
+            frames.push(frame);
+        }
+        assert!(buf.is_empty(), "trailing bytes");
+        frames
+    }
+
+    #[test]
+    fn control_frames_never_read_a_payload() {
+        // A CloseStream whose length field says 5, followed by a Keepalive: the 5 is ignored.
+        let wire = [8, 0, 0, 0, 5, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 1];
+        let frames = decode_all(&mut FrameCodec::new(), &wire);
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].header.kind, Kind::CloseStream);
+        assert_eq!(frames[0].header.length, 5);
+        assert!(frames[0].payload.is_empty());
+        assert_eq!(frames[1].header.kind, Kind::Keepalive);
+    }
+
+    #[test]
+    fn oversized_data_is_rejected_before_reserving() {
+        let mut codec = FrameCodec::with_max_payload(16);
+        let mut buf = BytesMut::from(&[1, 0, 0, 0, 17, 0, 0, 0][..]);
+        let err = codec.decode(&mut buf).expect_err("too large");
+        assert!(matches!(
+            err,
+            CodecError::Protocol(ProtocolError::PayloadTooLarge {
+                id: 1,
+                length: 17,
+                max: 16
+            })
+        ));
+        assert!(buf.capacity() < 17, "nothing reserved for the claimed size");
+        // Window updates use the full 24-bit range whatever the payload limit.
+        let mut buf = BytesMut::from(&[1, 0, 0, 0, 0xff, 0xff, 0xff, 6][..]);
+        let frame = codec.decode(&mut buf).expect("valid").expect("whole");
+        assert_eq!(frame.header.length, MAX_LENGTH_FIELD);
+    }
+
+    #[test]
+    fn unknown_kind_is_an_error() {
+        let mut buf = BytesMut::from(&[9, 0, 0, 0, 0, 0, 0, 0x2a][..]);
+        let err = FrameCodec::new().decode(&mut buf).expect_err("unknown");
+        assert!(matches!(
+            err,
+            CodecError::Protocol(ProtocolError::UnknownKind { id: 9, kind: 0x2a })
+        ));
+    }
+
+    #[test]
+    fn data_split_across_reads() {
+        let mut codec = FrameCodec::new();
+        let mut buf = BytesMut::from(&[4, 0, 0, 0, 3, 0, 0, 0, b'a'][..]);
+        assert!(codec.decode(&mut buf).expect("valid").is_none());
+        buf.extend_from_slice(b"bc");
+        let frame = codec.decode(&mut buf).expect("valid").expect("whole");
+        assert_eq!(frame, Frame::data(4, &b"abc"[..]));
+    }
+
+    #[test]
+    fn eof_mid_frame_is_an_error() {
+        let mut codec = FrameCodec::new();
+        let mut buf = BytesMut::from(&[4, 0, 0, 0, 3, 0, 0][..]);
+        assert!(codec.decode_eof(&mut buf).is_err());
+        let mut buf = BytesMut::new();
+        assert!(codec.decode_eof(&mut buf).expect("clean").is_none());
+    }
+
+    #[test]
+    fn encoder_refuses_frames_it_cannot_send() {
+        let mut codec = FrameCodec::with_max_payload(4);
+        let mut dst = BytesMut::new();
+        assert!(codec.encode(Frame::data(0, vec![0; 5]), &mut dst).is_err());
+        let mut bad = Frame::control(0, Kind::CloseStream);
+        bad.payload = Bytes::from_static(b"x");
+        assert!(codec.encode(bad, &mut dst).is_err());
+        let mut lying = Frame::data(0, &b"abc"[..]);
+        lying.header.length = 2;
+        assert!(codec.encode(lying, &mut dst).is_err());
+        assert!(dst.is_empty());
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_frame() -> impl Strategy<Value = Frame> {
+            prop_oneof![
+                (
+                    any::<u32>(),
+                    proptest::collection::vec(any::<u8>(), 0..2048)
+                )
+                    .prop_map(|(id, payload)| Frame::data(id, payload)),
+                (any::<u32>(), 0..=MAX_LENGTH_FIELD)
+                    .prop_map(|(id, credit)| Frame::window_update(id, credit)),
+                (any::<u32>(), 1u8..=7, any::<u32>()).prop_map(|(id, kind, length)| {
+                    let kind = Kind::from_u8(kind).unwrap_or(Kind::Keepalive);
+                    let mut frame = Frame::control(id, kind);
+                    if kind != Kind::Data {
+                        frame.header.length = length & MAX_LENGTH_FIELD;
+                    }
+                    frame
+                }),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn encode_then_decode_in_any_split_gives_the_frames_back(
+                frames in proptest::collection::vec(any_frame(), 0..16),
+                cuts in proptest::collection::vec(1usize..64, 0..64),
+            ) {
+                let mut codec = FrameCodec::new();
+                let mut wire = BytesMut::new();
+                for frame in &frames {
+                    codec.encode(frame.clone(), &mut wire).expect("encodable");
+                }
+                let mut decoded = Vec::new();
+                let mut pending = BytesMut::new();
+                let mut rest = &wire[..];
+                let mut cuts = cuts.into_iter();
+                while !rest.is_empty() {
+                    let n = cuts.next().unwrap_or(rest.len()).min(rest.len());
+                    pending.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    while let Some(frame) = codec.decode(&mut pending).expect("valid") {
+                        decoded.push(frame);
+                    }
+                }
+                prop_assert!(pending.is_empty());
+                prop_assert_eq!(decoded, frames);
+            }
+        }
+    }
+}

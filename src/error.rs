@@ -1,0 +1,289 @@
+//! Error types.
+//!
+//! Three layers, from the wire up:
+//!
+//! - [`ProtocolError`]: what the peer did wrong. Each item of the bad-input policy has a variant.
+//! - [`CodecError`]: what [`FrameCodec`](crate::codec::FrameCodec) reports: a protocol error, a
+//!   frame the encoder refuses, or the underlying I/O error.
+//! - [`Error`]: what the session and its streams report to the application. It is `Clone`,
+//!   because one error that ends a session is given to every stream of it, and it converts into
+//!   [`std::io::Error`] with a fitting [`io::ErrorKind`] where it surfaces through
+//!   `AsyncRead`/`AsyncWrite`.
+
+use std::{error, fmt, io, sync::Arc};
+
+/// A violation of the protocol by the peer. Every one ends the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A Data frame longer than the configured maximum payload.
+    PayloadTooLarge {
+        /// Stream id of the frame.
+        id: u32,
+        /// Length the header claimed.
+        length: u32,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A frame kind outside `0..=7`.
+    UnknownKind {
+        /// Stream id of the frame.
+        id: u32,
+        /// The undefined kind byte.
+        kind: u8,
+    },
+    /// Data beyond the credit this side granted on the stream.
+    WindowExceeded {
+        /// Stream id of the frame.
+        id: u32,
+        /// Length of the Data frame.
+        length: u32,
+        /// Credit the peer had left.
+        credit: u32,
+    },
+    /// A WindowUpdate that would push the send credit past its limit.
+    WindowOverflow {
+        /// Stream id of the frame.
+        id: u32,
+        /// Credit held before the update.
+        credit: u32,
+        /// Credit the update tried to add.
+        increment: u32,
+    },
+    /// OpenStream for an id that is still live.
+    DuplicateStream {
+        /// The id opened twice.
+        id: u32,
+    },
+    /// OpenStream for an id of this side's parity (a server receiving an odd id, a client an
+    /// even one).
+    WrongParity {
+        /// The offending id.
+        id: u32,
+    },
+    /// Data on a stream after the peer sent CloseRead or CloseStream for it.
+    DataAfterClose {
+        /// Stream id of the frame.
+        id: u32,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::PayloadTooLarge { id, length, max } => write!(
+                f,
+                "data frame of {length} bytes on stream {id} exceeds the maximum payload of {max}"
+            ),
+            ProtocolError::UnknownKind { id, kind } => {
+                write!(f, "unknown frame kind {kind:#04x} on stream {id}")
+            }
+            ProtocolError::WindowExceeded { id, length, credit } => write!(
+                f,
+                "data frame of {length} bytes on stream {id} exceeds the {credit} bytes of credit granted"
+            ),
+            ProtocolError::WindowOverflow {
+                id,
+                credit,
+                increment,
+            } => write!(
+                f,
+                "window update of {increment} on stream {id} overflows the credit of {credit}"
+            ),
+            ProtocolError::DuplicateStream { id } => {
+                write!(f, "peer opened stream {id}, which is already live")
+            }
+            ProtocolError::WrongParity { id } => {
+                write!(f, "peer opened stream {id}, an id reserved for this side")
+            }
+            ProtocolError::DataAfterClose { id } => {
+                write!(f, "data on stream {id} after the peer closed it")
+            }
+        }
+    }
+}
+
+impl error::Error for ProtocolError {}
+
+/// An error from [`FrameCodec`](crate::codec::FrameCodec).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The input breaks the protocol.
+    Protocol(ProtocolError),
+    /// The encoder was handed a frame that cannot be put on the wire (the text says why).
+    InvalidFrame(&'static str),
+    /// The underlying transport failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecError::Protocol(e) => write!(f, "protocol error: {e}"),
+            CodecError::InvalidFrame(why) => write!(f, "invalid frame: {why}"),
+            CodecError::Io(e) => write!(f, "i/o error: {e}"),
+        }
+    }
+}
+
+impl error::Error for CodecError {
+    fn source(&self) -> Option<&(dyn error::Error + 'static)> {
+        match self {
+            CodecError::Protocol(e) => Some(e),
+            CodecError::InvalidFrame(_) => None,
+            CodecError::Io(e) => Some(e),
+        }
+    }
+}
+
+impl From<io::Error> for CodecError {
+    fn from(e: io::Error) -> CodecError {
+        CodecError::Io(e)
+    }
+}
+
+impl From<ProtocolError> for CodecError {
+    fn from(e: ProtocolError) -> CodecError {
+        CodecError::Protocol(e)
+    }
+}
+
+/// Why a session or stream operation failed.
+///
+/// Cheap to clone. Converts into [`io::Error`] (see the variants for the
+/// [`io::ErrorKind`] each becomes).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// The peer broke the protocol; the session is over. (`InvalidData`)
+    Protocol(ProtocolError),
+    /// This side closed the session, or its driver was dropped. (`NotConnected`)
+    ClosedLocally,
+    /// The peer closed the session with CloseMux. (`ConnectionAborted`)
+    ClosedByPeer,
+    /// The transport reached end-of-file between frames without a CloseMux. (`ConnectionReset`)
+    ConnectionClosed,
+    /// The transport ended in the middle of a frame. (`UnexpectedEof`)
+    UnexpectedEof,
+    /// Nothing was received for the configured idle timeout. (`TimedOut`)
+    IdleTimeout,
+    /// The transport failed. (the I/O error's own kind)
+    Transport(Arc<io::Error>),
+    /// Opening a stream would exceed the configured maximum of live streams; only this open
+    /// failed. (`Other`)
+    TooManyStreams,
+    /// The stream's write side is closed: this side shut it down or closed the stream. (`BrokenPipe`)
+    WriteClosed,
+    /// The peer will read no more on this stream (it sent CloseWrite or CloseStream). (`BrokenPipe`)
+    PeerReadClosed,
+}
+
+impl Error {
+    /// Whether this error reports the session's end rather than a problem of one operation.
+    pub fn is_session_end(&self) -> bool {
+        !matches!(
+            self,
+            Error::TooManyStreams | Error::WriteClosed | Error::PeerReadClosed
+        )
+    }
+
+    /// The [`io::ErrorKind`] this error becomes when it surfaces through `AsyncRead`/`AsyncWrite`.
+    pub fn io_kind(&self) -> io::ErrorKind {
+        match self {
+            Error::Protocol(_) => io::ErrorKind::InvalidData,
+            Error::ClosedLocally => io::ErrorKind::NotConnected,
+            Error::ClosedByPeer => io::ErrorKind::ConnectionAborted,
+            Error::ConnectionClosed => io::ErrorKind::ConnectionReset,
+            Error::UnexpectedEof => io::ErrorKind::UnexpectedEof,
+            Error::IdleTimeout => io::ErrorKind::TimedOut,
+            Error::Transport(e) => e.kind(),
+            Error::TooManyStreams => io::ErrorKind::Other,
+            Error::WriteClosed | Error::PeerReadClosed => io::ErrorKind::BrokenPipe,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Protocol(e) => write!(f, "protocol error: {e}"),
+            Error::ClosedLocally => f.write_str("session closed locally"),
+            Error::ClosedByPeer => f.write_str("session closed by peer"),
+            Error::ConnectionClosed => f.write_str("connection closed without a session close"),
+            Error::UnexpectedEof => f.write_str("unexpected end of connection"),
+            Error::IdleTimeout => f.write_str("nothing received within the idle timeout"),
+            Error::Transport(e) => write!(f, "transport error: {e}"),
+            Error::TooManyStreams => f.write_str("too many streams"),
+            Error::WriteClosed => f.write_str("stream closed for writing"),
+            Error::PeerReadClosed => f.write_str("peer closed the stream for reading"),
+        }
+    }
+}
+
+impl error::Error for Error {
+    fn source(&self) -> Option<&(dyn error::Error + 'static)> {
+        match self {
+            Error::Protocol(e) => Some(e),
+            Error::Transport(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ProtocolError> for Error {
+    fn from(e: ProtocolError) -> Error {
+        Error::Protocol(e)
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        Error::Transport(Arc::new(e))
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        io::Error::new(e.io_kind(), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_conversion_keeps_the_error_as_source() {
+        let err = io::Error::from(Error::Protocol(ProtocolError::DataAfterClose { id: 4 }));
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let inner = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<Error>())
+            .expect("the gomux error is kept");
+        assert!(matches!(
+            inner,
+            Error::Protocol(ProtocolError::DataAfterClose { id: 4 })
+        ));
+        assert_eq!(
+            io::Error::from(Error::WriteClosed).kind(),
+            io::ErrorKind::BrokenPipe
+        );
+    }
+
+    #[test]
+    fn messages_are_lowercase() {
+        for e in [
+            Error::ClosedLocally,
+            Error::ClosedByPeer,
+            Error::UnexpectedEof,
+            Error::TooManyStreams,
+        ] {
+            let text = e.to_string();
+            assert!(
+                text.chars().next().is_some_and(|c| c.is_lowercase()),
+                "{text}"
+            );
+        }
+    }
+}

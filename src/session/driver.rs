@@ -1,0 +1,472 @@
+//! [`Connection`]: the future that drives one session's transport.
+//!
+//! It alone reads and writes the transport. Each poll it (1) reads whatever the transport has
+//! and applies the frames to the shared state, (2) moves the queued outgoing bytes into its own
+//! buffer and writes them, flushing when nothing more is queued, (3) runs the keepalive and idle
+//! timers. Reading never waits for the application: received data goes into per-stream buffers
+//! bounded by the credit this side granted, inbound streams beyond the backlog are refused, and
+//! a pending transport write does not stop reads (both are polled in the same turn).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+use tokio_util::codec::Decoder;
+
+use super::state::Shared;
+use crate::codec::FrameCodec;
+use crate::error::{CodecError, Error};
+use crate::frame::{Header, Kind};
+
+/// Reads go into buffers of this size, so a read can take several full frames at once.
+const READ_BUF_SIZE: usize = 128 * 1024;
+/// A new read buffer is reserved once less than this is left in the current one.
+const READ_MIN_SPACE: usize = 16 * 1024;
+/// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
+/// connection cannot monopolise a runtime thread.
+const READ_BUDGET: usize = 1024 * 1024;
+
+/// Drives a session: reads, writes and times its transport. Created by
+/// [`Session::new`](crate::Session::new); [`Session::client`](crate::Session::client) and the
+/// other constructors spawn it for you.
+///
+/// Resolves when the session has ended and the transport is closed: `Ok(())` after a graceful
+/// close by either side, otherwise the error that ended it. Dropping it ends the session: every
+/// stream operation then fails with [`Error::ClosedLocally`].
+#[must_use = "a session does nothing unless its connection is polled (spawn it)"]
+pub struct Connection<T> {
+    io: T,
+    shared: Arc<Shared>,
+    codec: FrameCodec,
+    read_buf: BytesMut,
+    /// Bytes being written to the transport, swapped with the shared queue when empty.
+    write_buf: Vec<u8>,
+    write_pos: usize,
+    /// `queued_total` at the end of `write_buf`.
+    write_mark: u64,
+    /// Whether bytes were written since the transport was last flushed.
+    unflushed: bool,
+    phase: Phase,
+    /// Wakers collected under the lock, woken after it is released.
+    wakers: Vec<Waker>,
+    /// Whether reading waits for queued refusals to drain.
+    read_paused: bool,
+    keepalive_interval: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    /// Built on the first poll, inside the runtime (a `Sleep` needs its time driver).
+    keepalive: Option<Timer>,
+    idle: Option<Timer>,
+    timers_started: bool,
+    close_deadline: Option<Pin<Box<Sleep>>>,
+    close_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reading and writing.
+    Active,
+    /// The session has ended: write out what is queued (CloseMux included), then close.
+    Flushing,
+    /// Everything is written: shutting the transport down.
+    ShuttingDown,
+    /// The transport is closed or abandoned.
+    Done,
+}
+
+/// A periodic check: fires `interval` after the last activity.
+struct Timer {
+    interval: Duration,
+    last: Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Timer {
+    fn new(interval: Duration) -> Timer {
+        let now = Instant::now();
+        Timer {
+            interval,
+            last: now,
+            sleep: Box::pin(tokio::time::sleep_until(now + interval)),
+        }
+    }
+
+    /// Ready when `interval` has passed since the last activity; re-arms itself either way.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.sleep.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        let deadline = self.last + self.interval;
+        if Instant::now() >= deadline {
+            self.last = Instant::now();
+            self.sleep.as_mut().reset(self.last + self.interval);
+            let _ = self.sleep.as_mut().poll(cx);
+            return true;
+        }
+        self.sleep.as_mut().reset(deadline);
+        let _ = self.sleep.as_mut().poll(cx);
+        false
+    }
+}
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    pub(crate) fn new(io: T, shared: Arc<Shared>) -> Connection<T> {
+        let (max_payload, keepalive, idle, close_timeout) = {
+            let inner = shared.lock();
+            let c = &inner.config;
+            (
+                c.max_payload,
+                c.keepalive_interval,
+                c.idle_timeout,
+                c.close_timeout,
+            )
+        };
+        Connection {
+            io,
+            shared,
+            codec: FrameCodec::with_max_payload(max_payload),
+            read_buf: BytesMut::new(),
+            write_buf: Vec::new(),
+            write_pos: 0,
+            write_mark: 0,
+            unflushed: false,
+            phase: Phase::Active,
+            wakers: Vec::new(),
+            read_paused: false,
+            keepalive_interval: keepalive,
+            idle_timeout: idle,
+            keepalive: None,
+            idle: None,
+            timers_started: false,
+            close_deadline: None,
+            close_timeout,
+        }
+    }
+
+    fn wake_collected(&mut self) {
+        for waker in self.wakers.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Ends the session with `error`; `close_mux` says whether the peer should be told.
+    fn end(&mut self, error: Error, close_mux: bool) {
+        let mut inner = self.shared.lock();
+        inner.end(error, close_mux, &mut self.wakers);
+        drop(inner);
+        self.wake_collected();
+    }
+
+    /// Reads and applies frames until the transport has nothing more or the budget is spent.
+    /// Returns whether the budget ran out (the driver should yield and come back).
+    fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut budget = READ_BUDGET;
+        loop {
+            self.read_paused = self.shared.lock().refusals_full();
+            if self.read_paused {
+                // The peer opens streams faster than it reads our refusals: wait for the writer.
+                return false;
+            }
+            if self.read_buf.capacity() - self.read_buf.len() < READ_MIN_SPACE {
+                self.read_buf.reserve(READ_BUF_SIZE);
+            }
+            let n =
+                match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read_buf)
+                {
+                    Poll::Pending => return false,
+                    Poll::Ready(Ok(0)) => {
+                        let error = if self.read_buf.is_empty() && !self.codec.in_frame() {
+                            Error::ConnectionClosed
+                        } else {
+                            Error::UnexpectedEof
+                        };
+                        self.end(error, false);
+                        return false;
+                    }
+                    Poll::Ready(Ok(n)) => n,
+                    Poll::Ready(Err(e)) => {
+                        self.end(e.into(), false);
+                        return false;
+                    }
+                };
+            if let Some(idle) = &mut self.idle {
+                idle.last = Instant::now();
+            }
+            if let Err(error) = self.apply_frames() {
+                // A peer that broke the protocol is told so, best effort; one that sent CloseMux
+                // is closing already.
+                let close_mux = matches!(error, Error::Protocol(_));
+                self.end(error, close_mux);
+                return false;
+            }
+            budget = budget.saturating_sub(n);
+            if budget == 0 {
+                return true;
+            }
+        }
+    }
+
+    /// Decodes every whole frame in the read buffer and applies it, under one lock.
+    fn apply_frames(&mut self) -> Result<(), Error> {
+        let mut inner = self.shared.lock();
+        let result = loop {
+            match self.codec.decode(&mut self.read_buf) {
+                Ok(Some(frame)) => {
+                    if let Err(error) = inner.on_frame(frame, &mut self.wakers) {
+                        break Err(error);
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(CodecError::Protocol(e)) => break Err(e.into()),
+                Err(CodecError::Io(e)) => break Err(e.into()),
+                Err(CodecError::InvalidFrame(_)) => break Ok(()), // Only the encoder reports it.
+            }
+        };
+        drop(inner);
+        self.wake_collected();
+        result
+    }
+
+    /// Writes queued bytes until the transport would block or nothing is queued. Returns whether
+    /// anything was written.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        loop {
+            if self.write_pos == self.write_buf.len() {
+                let mut inner = self.shared.lock();
+                inner.queue_pending_control();
+                if inner.out.is_empty() {
+                    drop(inner);
+                    break;
+                }
+                self.write_buf.clear();
+                self.write_pos = 0;
+                std::mem::swap(&mut inner.out, &mut self.write_buf);
+                self.write_mark = inner.queued_total;
+                inner.out_taken(&mut self.wakers);
+                drop(inner);
+                self.wake_collected();
+            }
+            match Pin::new(&mut self.io).poll_write(cx, &self.write_buf[self.write_pos..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(
+                        std::io::Error::from(std::io::ErrorKind::WriteZero).into()
+                    ))
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.write_pos += n;
+                    self.unflushed = true;
+                    if let Some(keepalive) = &mut self.keepalive {
+                        keepalive.last = Instant::now();
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if self.unflushed {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => {
+                    self.unflushed = false;
+                    let mut inner = self.shared.lock();
+                    inner.written(self.write_mark, &mut self.wakers);
+                    drop(inner);
+                    self.wake_collected();
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_timers(&mut self, cx: &mut Context<'_>) {
+        if !self.timers_started {
+            self.timers_started = true;
+            self.keepalive = self.keepalive_interval.map(Timer::new);
+            self.idle = self.idle_timeout.map(Timer::new);
+        }
+        if self.idle.as_mut().is_some_and(|t| t.poll_expired(cx)) {
+            self.end(Error::IdleTimeout, true);
+        }
+        if self.keepalive.as_mut().is_some_and(|t| t.poll_expired(cx)) {
+            let mut inner = self.shared.lock();
+            inner.queue_header(Header::new(0, Kind::Keepalive));
+        }
+    }
+
+    /// Moves to closing when the session ended or nobody uses it any more.
+    fn check_end(&mut self) {
+        let mut inner = self.shared.lock();
+        if inner.session_handles == 0 {
+            inner.drop_accept_queue();
+        }
+        if inner.end.is_none() && inner.abandoned() {
+            inner.close(&mut self.wakers);
+        }
+        if inner.end.is_some() {
+            if inner.send_close_mux {
+                inner.send_close_mux = false;
+                inner.queue_header(Header::new(0, Kind::CloseMux));
+            }
+            self.phase = Phase::Flushing;
+        }
+        drop(inner);
+        self.wake_collected();
+    }
+
+    fn finish(&mut self, close_error: Option<Error>) {
+        self.phase = Phase::Done;
+        let mut inner = self.shared.lock();
+        if inner.close_error.is_none() {
+            inner.close_error = close_error;
+        }
+        inner.finish(&mut self.wakers);
+        drop(inner);
+        self.wake_collected();
+    }
+
+    /// The session's outcome once the driver is done.
+    fn outcome(&self) -> Result<(), Error> {
+        let inner = self.shared.lock();
+        if let Some(error) = &inner.close_error {
+            return Err(error.clone());
+        }
+        match &inner.end {
+            None | Some(Error::ClosedLocally) | Some(Error::ClosedByPeer) => Ok(()),
+            Some(error) => Err(error.clone()),
+        }
+    }
+
+    fn poll_closing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self
+            .close_deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.close_timeout)));
+        if deadline.as_mut().poll(cx).is_ready() {
+            let error = Error::Transport(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the transport did not accept the final writes within the close timeout",
+            )));
+            self.finish(Some(error));
+            return Poll::Ready(());
+        }
+        if self.phase == Phase::Flushing {
+            let transport_dead = matches!(
+                self.shared.lock().end,
+                Some(Error::Transport(_) | Error::UnexpectedEof)
+            );
+            if transport_dead {
+                self.finish(None);
+                return Poll::Ready(());
+            }
+            match self.poll_write_out(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => {
+                    self.finish(Some(e));
+                    return Poll::Ready(());
+                }
+                Poll::Ready(Ok(())) => self.phase = Phase::ShuttingDown,
+            }
+        }
+        match Pin::new(&mut self.io).poll_shutdown(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                // A peer that closed first makes shutdown fail; the session is over either way.
+                let error = result.err().filter(|e| {
+                    !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotConnected
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::ConnectionReset
+                    )
+                });
+                self.finish(error.map(Error::from));
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+impl<T> Future for Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    type Output = Result<(), Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let this = &mut *self;
+        // States: Active (read, write, time) until the session ends; then Flushing (write what
+        // is queued, CloseMux included), ShuttingDown (close the transport), Done.
+        loop {
+            match this.phase {
+                Phase::Done => return Poll::Ready(this.outcome()),
+                Phase::Flushing | Phase::ShuttingDown => {
+                    if this.poll_closing(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
+                Phase::Active => {}
+            }
+            let more_to_read = this.poll_read_frames(cx);
+            this.check_end();
+            if this.phase != Phase::Active {
+                continue;
+            }
+            if let Poll::Ready(Err(error)) = this.poll_write_out(cx) {
+                this.end(error, false);
+                this.check_end();
+                continue;
+            }
+            this.poll_timers(cx);
+            this.check_end();
+            if this.phase != Phase::Active {
+                continue;
+            }
+            if more_to_read {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            // Sleep until a handle queues output (it takes this waker) or the transport or a
+            // timer wakes us. Checked and registered under one lock, so no output is missed.
+            let mut inner = this.shared.lock();
+            let write_buf_empty = this.write_pos == this.write_buf.len();
+            if write_buf_empty && inner.has_output()
+                || inner.abandoned()
+                || this.read_paused && !inner.refusals_full()
+            {
+                continue;
+            }
+            if !inner
+                .driver_waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                inner.driver_waker = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+impl<T> Drop for Connection<T> {
+    fn drop(&mut self) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        let mut wakers = Vec::new();
+        let mut inner = self.shared.lock();
+        inner.end(Error::ClosedLocally, false, &mut wakers);
+        inner.finish(&mut wakers);
+        drop(inner);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}

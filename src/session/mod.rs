@@ -1,0 +1,314 @@
+//! [`Session`]: the handle to one multiplexed connection, and the driver behind it.
+
+mod driver;
+mod slab;
+pub(crate) mod state;
+
+use std::fmt;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use self::driver::Connection;
+use self::state::{Inner, Shared};
+use crate::config::{Config, Role};
+use crate::error::Error;
+use crate::stream::Stream;
+
+/// A handle to one gomux session: opens and accepts streams, and closes the session.
+///
+/// Cheap to clone (`Clone + Send + Sync`); all clones drive the same session. The connection is
+/// driven by a single task ([`Connection`]), spawned by [`client`](Session::client),
+/// [`server`](Session::server) and [`with_config`](Session::with_config), or by you after
+/// [`Session::new`]. There is no task and no channel per stream.
+///
+/// When every `Session` handle is dropped, streams opened by the peer are refused, and the
+/// session closes itself gracefully once its last stream is gone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let (a, b) = tokio::io::duplex(64 * 1024);
+/// let client = gomux::Session::client(a);
+/// let server = gomux::Session::server(b);
+///
+/// let mut stream = client.open().await?;
+/// stream.write_all(b"hello").await?;
+/// stream.shutdown().await?; // half-close: the peer reads end-of-stream
+///
+/// let mut inbound = server.accept().await?;
+/// let mut text = String::new();
+/// inbound.read_to_string(&mut text).await?;
+/// assert_eq!(text, "hello");
+///
+/// client.close().await?; // flush, CloseMux, close the transport
+/// # Ok(())
+/// # }
+/// ```
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+impl Session {
+    /// Starts a client-role session on `io` and spawns its driver on the current tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    pub fn client<T>(io: T) -> Session
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        Session::with_config(io, Role::Client, Config::default())
+    }
+
+    /// Starts a server-role session on `io` and spawns its driver on the current tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    pub fn server<T>(io: T) -> Session
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        Session::with_config(io, Role::Server, Config::default())
+    }
+
+    /// Starts a session of `role` with `config` on `io` and spawns its driver on the current
+    /// tokio runtime (which needs its time driver enabled, as the default runtimes have).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    pub fn with_config<T>(io: T, role: Role, config: Config) -> Session
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (session, connection) = Session::new(io, role, config);
+        tokio::spawn(connection);
+        session
+    }
+
+    /// Builds a session without spawning anything: poll (or spawn) the returned [`Connection`]
+    /// yourself. Nothing moves on the transport until it is polled.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (io, _peer) = tokio::io::duplex(1024);
+    /// let (session, connection) =
+    ///     gomux::Session::new(io, gomux::Role::Client, gomux::Config::default());
+    /// let driver = tokio::spawn(connection);
+    /// session.close().await.expect("graceful close");
+    /// assert!(driver.await.expect("no panic").is_ok());
+    /// # }
+    /// ```
+    pub fn new<T>(io: T, role: Role, config: Config) -> (Session, Connection<T>)
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        let shared = Arc::new(Shared::new(role, config));
+        let connection = Connection::new(io, Arc::clone(&shared));
+        (Session { shared }, connection)
+    }
+
+    /// Opens a new stream. The peer learns of it with the first frame; data may follow at once.
+    ///
+    /// Waits only while the outgoing queue is full (the transport is slower than the writers).
+    /// Cancel safe: a dropped `open` future has opened nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TooManyStreams`] when `max_streams` streams are live (only this open fails), or
+    /// the error that ended the session.
+    pub async fn open(&self) -> Result<Stream, Error> {
+        let (key, id) = poll_fn(|cx| self.with_driver(|inner| inner.poll_open(cx.waker()))).await?;
+        Ok(Stream::new(Arc::clone(&self.shared), key, id))
+    }
+
+    /// Waits for the next stream the peer opens.
+    ///
+    /// Cancel safe: a dropped `accept` future takes no stream out of the queue.
+    ///
+    /// # Errors
+    ///
+    /// The error that ended the session, once no queued stream is left.
+    pub async fn accept(&self) -> Result<Stream, Error> {
+        poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Stream, Error>> {
+        let accepted = self.shared.lock().poll_accept(cx.waker());
+        accepted
+            .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
+    }
+
+    /// The streams the peer opens, as a [`futures::Stream`]. It ends after the session does: a
+    /// session closed by this side ends it at once; any other end yields that error once first.
+    pub fn incoming(&self) -> Incoming {
+        Incoming {
+            session: self.clone(),
+            done: false,
+        }
+    }
+
+    /// Closes the session gracefully: what is already written is flushed, then CloseMux, then
+    /// the transport is shut down. Streams fail with [`Error::ClosedLocally`] from now on, but
+    /// data they hold stays readable.
+    ///
+    /// # Errors
+    ///
+    /// When the session had already ended with an error, that error; when the transport failed
+    /// (or did not take the final writes within the close timeout), the transport error.
+    pub async fn close(&self) -> Result<(), Error> {
+        self.with_driver(|inner| {
+            let mut wakers = Vec::new();
+            inner.close(&mut wakers);
+            wakers
+        })
+        .into_iter()
+        .for_each(Waker::wake);
+        poll_fn(|cx| self.poll_finished(cx)).await;
+        let inner = self.shared.lock();
+        if let Some(error) = &inner.close_error {
+            return Err(error.clone());
+        }
+        match &inner.end {
+            None | Some(Error::ClosedLocally | Error::ClosedByPeer) => Ok(()),
+            Some(error) => Err(error.clone()),
+        }
+    }
+
+    /// Waits until the session has ended and its transport is closed, and returns why it ended
+    /// ([`Error::ClosedLocally`] after [`close`](Session::close), [`Error::ClosedByPeer`] after
+    /// the peer's CloseMux, or what went wrong).
+    pub async fn closed(&self) -> Error {
+        poll_fn(|cx| self.poll_finished(cx)).await;
+        self.shared
+            .lock()
+            .end
+            .clone()
+            .unwrap_or(Error::ClosedLocally)
+    }
+
+    fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.shared.lock().poll_finished(cx.waker()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Why the session ended, or `None` while it is running.
+    pub fn close_reason(&self) -> Option<Error> {
+        self.shared.lock().end.clone()
+    }
+
+    /// Whether the session has ended (its driver may still be closing the transport).
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().end.is_some()
+    }
+
+    /// This side's role.
+    pub fn role(&self) -> Role {
+        self.shared.lock().role
+    }
+
+    /// Streams with live state: open, or closed by one side while a handle remains.
+    pub fn stream_count(&self) -> usize {
+        self.shared.lock().stream_count()
+    }
+
+    /// Runs `f` on the state, then wakes the driver if output is waiting for it.
+    fn with_driver<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let mut inner = self.shared.lock();
+        let result = f(&mut inner);
+        let driver = if inner.has_output() || inner.end.is_some() {
+            inner.take_driver_waker()
+        } else {
+            None
+        };
+        drop(inner);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+        result
+    }
+}
+
+impl Clone for Session {
+    fn clone(&self) -> Session {
+        self.shared.lock().session_handles += 1;
+        Session {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let mut inner = self.shared.lock();
+        inner.session_handles -= 1;
+        let driver = if inner.session_handles == 0 {
+            inner.take_driver_waker()
+        } else {
+            None
+        };
+        drop(inner);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.shared.lock();
+        f.debug_struct("Session")
+            .field("role", &inner.role)
+            .field("streams", &inner.stream_count())
+            .field("end", &inner.end)
+            .finish()
+    }
+}
+
+/// The streams the peer opens, from [`Session::incoming`].
+#[must_use = "streams do nothing unless polled"]
+pub struct Incoming {
+    session: Session,
+    done: bool,
+}
+
+impl futures::Stream for Incoming {
+    type Item = Result<Stream, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.session.poll_accept(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(stream)) => Poll::Ready(Some(Ok(stream))),
+            Poll::Ready(Err(error)) => {
+                self.done = true;
+                match error {
+                    Error::ClosedLocally => Poll::Ready(None),
+                    error => Poll::Ready(Some(Err(error))),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming")
+            .field("done", &self.done)
+            .finish()
+    }
+}

@@ -1,0 +1,108 @@
+//! A minimal slab: stable `usize` keys for stream state, reused after removal.
+//!
+//! Stream handles hold their key, so a handle finds its state by indexing instead of hashing,
+//! and a key stays valid for exactly as long as the state it names.
+
+pub(crate) struct Slab<T> {
+    entries: Vec<Entry<T>>,
+    next_free: usize,
+    len: usize,
+}
+
+enum Entry<T> {
+    Occupied(T),
+    Vacant { next_free: usize },
+}
+
+impl<T> Slab<T> {
+    pub(crate) fn new() -> Slab<T> {
+        Slab {
+            entries: Vec::new(),
+            next_free: 0,
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn insert(&mut self, value: T) -> usize {
+        let key = self.next_free;
+        match self.entries.get_mut(key) {
+            Some(entry) => {
+                let Entry::Vacant { next_free } = *entry else {
+                    unreachable!("the free list only names vacant entries")
+                };
+                self.next_free = next_free;
+                *entry = Entry::Occupied(value);
+            }
+            None => {
+                self.entries.push(Entry::Occupied(value));
+                self.next_free = self.entries.len();
+            }
+        }
+        self.len += 1;
+        key
+    }
+
+    pub(crate) fn get(&self, key: usize) -> Option<&T> {
+        match self.entries.get(key) {
+            Some(Entry::Occupied(value)) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, key: usize) -> Option<&mut T> {
+        match self.entries.get_mut(key) {
+            Some(Entry::Occupied(value)) => Some(value),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: usize) -> Option<T> {
+        let entry = self.entries.get_mut(key)?;
+        if !matches!(entry, Entry::Occupied(_)) {
+            return None;
+        }
+        let old = std::mem::replace(
+            entry,
+            Entry::Vacant {
+                next_free: self.next_free,
+            },
+        );
+        self.next_free = key;
+        self.len -= 1;
+        match old {
+            Entry::Occupied(value) => Some(value),
+            Entry::Vacant { .. } => None,
+        }
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.entries.iter_mut().filter_map(|entry| match entry {
+            Entry::Occupied(value) => Some(value),
+            Entry::Vacant { .. } => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_reused_and_stay_valid() {
+        let mut slab = Slab::new();
+        let a = slab.insert('a');
+        let b = slab.insert('b');
+        assert_eq!(slab.remove(a), Some('a'));
+        assert_eq!(slab.remove(a), None);
+        let c = slab.insert('c');
+        assert_eq!(c, a);
+        assert_eq!(slab.get(b), Some(&'b'));
+        assert_eq!(slab.get(c), Some(&'c'));
+        assert_eq!(slab.len(), 2);
+        assert_eq!(slab.iter_mut().count(), 2);
+    }
+}

@@ -1,0 +1,712 @@
+//! The state a session shares between its driver and its handles, and everything that changes
+//! it: the stream table, the outgoing frame queue, and the handling of received frames.
+//!
+//! Nothing here does I/O or waits. The driver feeds received frames in and takes queued bytes
+//! out; stream handles read, write and close through it. One mutex guards it all, and it is
+//! never held across an `.await` or a transport call: writers copy into the outgoing queue under
+//! it, the driver swaps that queue out under it and writes outside it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::{Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::slab::Slab;
+use crate::config::{Config, Role};
+use crate::error::{Error, ProtocolError};
+use crate::flow::{add_send_credit, RecvWindow};
+use crate::frame::{Frame, Header, Kind, HEADER_LEN, INITIAL_WINDOW};
+
+/// Payloads at least this long are kept as slices of the read buffer (no copy); shorter ones are
+/// copied into the stream's own buffer, so that a few small unread frames cannot pin many large
+/// read buffers. With read buffers of at most 192 KiB this bounds the pinned memory to 12 times
+/// the unread data.
+const PIN_MIN: usize = 16 * 1024;
+
+/// Allocation unit of a stream's buffer for copied small payloads.
+const TAIL_MIN: usize = 4 * 1024;
+
+// Stream flags. "Local" is what this side did, "peer" what the peer told us.
+/// We sent CloseRead (write side shut down): our writes fail.
+const WRITE_SHUT: u16 = 1 << 0;
+/// We sent CloseWrite (read side closed): our reads end, arriving data is discarded.
+const READ_SHUT: u16 = 1 << 1;
+/// We sent CloseStream.
+const LOCAL_CLOSED: u16 = 1 << 2;
+/// The peer sent CloseRead: reads end once the buffer is drained; more data is a violation.
+const PEER_WRITE_SHUT: u16 = 1 << 3;
+/// The peer sent CloseWrite: our writes fail.
+const PEER_READ_SHUT: u16 = 1 << 4;
+/// The peer sent CloseStream: we must not send our own.
+const PEER_CLOSED: u16 = 1 << 5;
+/// The stream's key is in `credit_queue`.
+const CREDIT_QUEUED: u16 = 1 << 6;
+
+/// One stream's state.
+pub(crate) struct StreamState {
+    pub(crate) id: u32,
+    flags: u16,
+    /// Handles keeping this state alive: `Stream` or its halves, or a place in the accept queue.
+    handles: u8,
+    /// Received data not yet read, oldest first: pinned slices and frozen copies…
+    chunks: VecDeque<Bytes>,
+    /// …followed by copied small payloads still being appended to.
+    tail: BytesMut,
+    /// Bytes in `chunks` and `tail` together.
+    buffered: u32,
+    recv_window: RecvWindow,
+    send_credit: u32,
+    /// `queued_total` just after this stream's last queued frame: flushed once the driver has
+    /// written that far.
+    last_queued: u64,
+    read_waker: Option<Waker>,
+    write_waker: Option<Waker>,
+}
+
+impl StreamState {
+    fn new(id: u32, handles: u8, receive_window: u32) -> StreamState {
+        StreamState {
+            id,
+            flags: 0,
+            handles,
+            chunks: VecDeque::new(),
+            tail: BytesMut::new(),
+            buffered: 0,
+            recv_window: RecvWindow::new(receive_window),
+            send_credit: INITIAL_WINDOW,
+            last_queued: 0,
+            read_waker: None,
+            write_waker: None,
+        }
+    }
+
+    fn has(&self, flags: u16) -> bool {
+        self.flags & flags != 0
+    }
+
+    fn push_data(&mut self, payload: Bytes) {
+        self.buffered += payload.len() as u32;
+        if payload.len() >= PIN_MIN {
+            if !self.tail.is_empty() {
+                self.chunks.push_back(self.tail.split().freeze());
+            }
+            self.chunks.push_back(payload);
+        } else {
+            if self.tail.capacity() - self.tail.len() < payload.len() {
+                self.tail.reserve(payload.len().max(TAIL_MIN));
+            }
+            self.tail.extend_from_slice(&payload);
+        }
+    }
+
+    /// Copies buffered data into `dst`, oldest first; returns the count.
+    fn read_into(&mut self, dst: &mut tokio::io::ReadBuf<'_>) -> usize {
+        let mut read = 0;
+        while dst.remaining() > 0 {
+            let source: &mut dyn Buf = match self.chunks.front_mut() {
+                Some(chunk) => chunk,
+                None if !self.tail.is_empty() => &mut self.tail,
+                None => break,
+            };
+            let n = source.remaining().min(dst.remaining());
+            dst.put_slice(&source.chunk()[..n]);
+            source.advance(n);
+            read += n;
+            if self.chunks.front().is_some_and(Bytes::is_empty) {
+                self.chunks.pop_front();
+            }
+        }
+        self.buffered -= read as u32;
+        read
+    }
+
+    /// Drops everything buffered, counting it as consumed.
+    fn discard_buffered(&mut self) {
+        self.recv_window.consume(self.buffered);
+        self.chunks.clear();
+        self.tail.clear();
+        self.buffered = 0;
+    }
+
+    fn wake_all(&mut self, wakers: &mut Vec<Waker>) {
+        wakers.extend(self.read_waker.take());
+        wakers.extend(self.write_waker.take());
+    }
+}
+
+/// The mutex-guarded session state, see the module docs.
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+}
+
+impl Shared {
+    pub(crate) fn new(role: Role, config: Config) -> Shared {
+        Shared {
+            inner: Mutex::new(Inner::new(role, config)),
+        }
+    }
+
+    /// Locks the state. A panic elsewhere while it was held cannot leave it half-updated in a
+    /// way that matters more than stopping would, so poisoning is ignored rather than spread.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) role: Role,
+    pub(crate) config: Config,
+    streams: Slab<StreamState>,
+    /// Wire id → slab key, for every stream that has state.
+    ids: HashMap<u32, usize>,
+    next_id: u32,
+    accept_queue: VecDeque<usize>,
+    accept_wakers: Vec<Waker>,
+
+    /// Frames queued for the transport, in order.
+    pub(crate) out: Vec<u8>,
+    /// Bytes ever appended to `out`.
+    pub(crate) queued_total: u64,
+    /// Bytes the driver has written to the transport and flushed.
+    pub(crate) written_total: u64,
+    /// Streams owing credit back; the driver turns them into WindowUpdates while `out` has room.
+    credit_queue: VecDeque<usize>,
+    /// Inbound streams refused for want of room, to be answered with CloseStream.
+    pub(crate) refusals: VecDeque<u32>,
+    /// Writers and openers waiting for `out` to drop below `write_buffer_size`.
+    space_wakers: Vec<Waker>,
+    /// Tasks waiting until `written_total` reaches the mark.
+    flush_wakers: VecDeque<(u64, Waker)>,
+    pub(crate) driver_waker: Option<Waker>,
+
+    /// Why the session ended, once it has. Stream operations fail with it from then on.
+    pub(crate) end: Option<Error>,
+    /// Whether the driver should send CloseMux before closing the transport.
+    pub(crate) send_close_mux: bool,
+    /// The driver has finished: the transport is closed or abandoned.
+    pub(crate) finished: bool,
+    /// A transport error met while closing, reported by `Session::close`.
+    pub(crate) close_error: Option<Error>,
+    close_wakers: Vec<Waker>,
+    /// Live `Session` handles. When none is left, inbound streams are refused and the session
+    /// closes itself once its last stream is gone.
+    pub(crate) session_handles: usize,
+}
+
+impl Inner {
+    fn new(role: Role, config: Config) -> Inner {
+        Inner {
+            role,
+            streams: Slab::new(),
+            ids: HashMap::new(),
+            next_id: role.first_id(),
+            accept_queue: VecDeque::new(),
+            accept_wakers: Vec::new(),
+            out: Vec::with_capacity(config.write_buffer_size + config.max_payload + HEADER_LEN),
+            queued_total: 0,
+            written_total: 0,
+            credit_queue: VecDeque::new(),
+            refusals: VecDeque::new(),
+            space_wakers: Vec::new(),
+            flush_wakers: VecDeque::new(),
+            driver_waker: None,
+            end: None,
+            send_close_mux: false,
+            finished: false,
+            close_error: None,
+            close_wakers: Vec::new(),
+            session_handles: 1,
+            config,
+        }
+    }
+
+    pub(crate) fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether the driver has nothing left to do for the handles: none is left and no stream is.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.session_handles == 0 && self.streams.len() == 0
+    }
+
+    /// Refusals waiting beyond this make the driver stop reading until they drain: a peer that
+    /// opens streams without reading our answers must not grow our queue without end.
+    pub(crate) fn refusals_full(&self) -> bool {
+        self.refusals.len() >= self.config.accept_backlog.max(64)
+    }
+
+    fn out_has_room(&self) -> bool {
+        self.out.len() < self.config.write_buffer_size
+    }
+
+    pub(crate) fn take_driver_waker(&mut self) -> Option<Waker> {
+        self.driver_waker.take()
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Outgoing frames.
+
+    pub(crate) fn queue_header(&mut self, header: Header) {
+        self.out.extend_from_slice(&header.to_bytes());
+        self.queued_total += HEADER_LEN as u64;
+    }
+
+    fn queue_data(&mut self, id: u32, data: &[u8]) {
+        let header = Header {
+            id,
+            length: data.len() as u32,
+            kind: Kind::Data,
+        };
+        self.out.extend_from_slice(&header.to_bytes());
+        self.out.extend_from_slice(data);
+        self.queued_total += (HEADER_LEN + data.len()) as u64;
+    }
+
+    /// Turns pending refusals and owed credit into frames while `out` has room. Frames the
+    /// application asked for directly (opens, data, closes) are queued at once instead, which
+    /// keeps them in order with the data around them.
+    pub(crate) fn queue_pending_control(&mut self) {
+        while self.out_has_room() {
+            let Some(id) = self.refusals.pop_front() else {
+                break;
+            };
+            self.queue_header(Header::new(id, Kind::CloseStream));
+        }
+        while self.out_has_room() {
+            let Some(key) = self.credit_queue.pop_front() else {
+                break;
+            };
+            // A stale key (its stream gone, the slot reused) at worst sends credit a little
+            // early for the new stream, which is harmless.
+            let Some(stream) = self.streams.get_mut(key) else {
+                continue;
+            };
+            stream.flags &= !CREDIT_QUEUED;
+            if stream.has(PEER_WRITE_SHUT | PEER_CLOSED | LOCAL_CLOSED) {
+                continue; // The peer sends no more: credit would be wasted bytes.
+            }
+            if let Some(credit) = stream.recv_window.take_update() {
+                let id = stream.id;
+                if stream.recv_window.owes() {
+                    stream.flags |= CREDIT_QUEUED;
+                    self.credit_queue.push_back(key);
+                }
+                self.queue_header(Header {
+                    id,
+                    length: credit,
+                    kind: Kind::WindowUpdate,
+                });
+            }
+        }
+    }
+
+    /// Whether the driver has anything to take from the queue right now.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+            || (!self.refusals.is_empty() || !self.credit_queue.is_empty()) && self.out_has_room()
+    }
+
+    /// Called by the driver once it has taken `out`: writers waiting for room may go on.
+    pub(crate) fn out_taken(&mut self, wakers: &mut Vec<Waker>) {
+        wakers.append(&mut self.space_wakers);
+    }
+
+    /// Called by the driver once everything up to `total` is written and flushed.
+    pub(crate) fn written(&mut self, total: u64, wakers: &mut Vec<Waker>) {
+        self.written_total = total;
+        while self
+            .flush_wakers
+            .front()
+            .is_some_and(|(mark, _)| *mark <= total)
+        {
+            if let Some((_, waker)) = self.flush_wakers.pop_front() {
+                wakers.push(waker);
+            }
+        }
+    }
+
+    fn queue_credit(&mut self, key: usize) {
+        if let Some(stream) = self.streams.get_mut(key) {
+            if !stream.has(CREDIT_QUEUED) {
+                stream.flags |= CREDIT_QUEUED;
+                self.credit_queue.push_back(key);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Received frames.
+
+    /// Applies one received frame. `Err` ends the session with that error.
+    pub(crate) fn on_frame(&mut self, frame: Frame, wakers: &mut Vec<Waker>) -> Result<(), Error> {
+        let Header { id, length, kind } = frame.header;
+        match kind {
+            Kind::Data => self.on_data(id, frame.payload, wakers)?,
+            Kind::WindowUpdate => {
+                let Some(stream) = self.stream_by_id(id) else {
+                    return Ok(()); // Unknown or closed: races with a local close.
+                };
+                stream.send_credit = add_send_credit(stream.send_credit, length).ok_or(
+                    ProtocolError::WindowOverflow {
+                        id,
+                        credit: stream.send_credit,
+                        increment: length,
+                    },
+                )?;
+                wakers.extend(stream.write_waker.take());
+            }
+            Kind::OpenStream => self.on_open(id, wakers)?,
+            Kind::CloseRead => self.on_peer_close(id, PEER_WRITE_SHUT, wakers),
+            Kind::CloseWrite => self.on_peer_close(id, PEER_READ_SHUT, wakers),
+            Kind::CloseStream => {
+                self.on_peer_close(id, PEER_CLOSED | PEER_WRITE_SHUT | PEER_READ_SHUT, wakers)
+            }
+            Kind::Keepalive => {}
+            Kind::CloseMux => return Err(Error::ClosedByPeer),
+        }
+        Ok(())
+    }
+
+    fn stream_by_id(&mut self, id: u32) -> Option<&mut StreamState> {
+        let key = *self.ids.get(&id)?;
+        self.streams.get_mut(key)
+    }
+
+    fn on_data(&mut self, id: u32, payload: Bytes, wakers: &mut Vec<Waker>) -> Result<(), Error> {
+        let Some(stream) = self.stream_by_id(id) else {
+            return Ok(()); // Unknown or closed: races with a local close.
+        };
+        if stream.has(PEER_WRITE_SHUT | PEER_CLOSED) {
+            return Err(ProtocolError::DataAfterClose { id }.into());
+        }
+        let length = payload.len() as u32;
+        stream
+            .recv_window
+            .receive(length)
+            .map_err(|credit| ProtocolError::WindowExceeded { id, length, credit })?;
+        if stream.has(READ_SHUT) {
+            // We closed reading; the frame was in flight. Nobody will return its credit: the
+            // peer's writes fail from now on anyway.
+            return Ok(());
+        }
+        stream.push_data(payload);
+        wakers.extend(stream.read_waker.take());
+        Ok(())
+    }
+
+    fn on_open(&mut self, id: u32, wakers: &mut Vec<Waker>) -> Result<(), Error> {
+        if !self.role.is_peer_id(id) {
+            return Err(ProtocolError::WrongParity { id }.into());
+        }
+        if self.ids.contains_key(&id) {
+            return Err(ProtocolError::DuplicateStream { id }.into());
+        }
+        if self.session_handles == 0
+            || self.accept_queue.len() >= self.config.accept_backlog
+            || self.streams.len() >= self.config.max_streams
+        {
+            self.refusals.push_back(id);
+            return Ok(());
+        }
+        // The accept queue holds the stream's one handle until `accept` hands it out.
+        let key = self.insert_stream(id, 1);
+        self.accept_queue.push_back(key);
+        wakers.append(&mut self.accept_wakers);
+        Ok(())
+    }
+
+    fn on_peer_close(&mut self, id: u32, flags: u16, wakers: &mut Vec<Waker>) {
+        if let Some(stream) = self.stream_by_id(id) {
+            stream.flags |= flags;
+            stream.wake_all(wakers);
+        }
+    }
+
+    fn insert_stream(&mut self, id: u32, handles: u8) -> usize {
+        let stream = StreamState::new(id, handles, self.config.receive_window);
+        let announce = stream.recv_window.owes();
+        let key = self.streams.insert(stream);
+        self.ids.insert(id, key);
+        if announce {
+            self.queue_credit(key);
+        }
+        key
+    }
+
+    /// Ends the session with `error` (the first reason wins) and wakes everything waiting, so
+    /// that each operation sees the end.
+    pub(crate) fn end(&mut self, error: Error, send_close_mux: bool, wakers: &mut Vec<Waker>) {
+        if self.end.is_some() {
+            return;
+        }
+        self.end = Some(error);
+        self.send_close_mux = send_close_mux;
+        for stream in self.streams.iter_mut() {
+            stream.wake_all(wakers);
+        }
+        wakers.append(&mut self.accept_wakers);
+        wakers.append(&mut self.space_wakers);
+        wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
+        wakers.extend(self.driver_waker.take());
+    }
+
+    /// Marks the driver finished and wakes those waiting for it.
+    pub(crate) fn finish(&mut self, wakers: &mut Vec<Waker>) {
+        self.finished = true;
+        wakers.append(&mut self.close_wakers);
+        // Nothing will be written any more: flushes that were still waiting learn it now.
+        wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
+        wakers.append(&mut self.space_wakers);
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Session handle operations.
+
+    /// Opens a stream: allocates the next free id of this side's parity and queues OpenStream.
+    pub(crate) fn poll_open(&mut self, waker: &Waker) -> Poll<Result<(usize, u32), Error>> {
+        if let Some(error) = &self.end {
+            return Poll::Ready(Err(error.clone()));
+        }
+        if self.streams.len() >= self.config.max_streams {
+            return Poll::Ready(Err(Error::TooManyStreams));
+        }
+        if !self.out_has_room() {
+            self.space_wakers.push(waker.clone());
+            return Poll::Pending;
+        }
+        // Ids wrap at 2^32; skip any still live. `max_streams` < 2^31 guarantees a free one.
+        let mut id = self.next_id;
+        while self.ids.contains_key(&id) {
+            id = id.wrapping_add(2);
+        }
+        self.next_id = id.wrapping_add(2);
+        let key = self.insert_stream(id, 1);
+        self.queue_header(Header::new(id, Kind::OpenStream));
+        Poll::Ready(Ok((key, id)))
+    }
+
+    /// Hands out the next inbound stream.
+    pub(crate) fn poll_accept(&mut self, waker: &Waker) -> Poll<Result<(usize, u32), Error>> {
+        if let Some(key) = self.accept_queue.pop_front() {
+            let id = self.streams.get(key).map_or(0, |s| s.id);
+            return Poll::Ready(Ok((key, id)));
+        }
+        if let Some(error) = &self.end {
+            return Poll::Ready(Err(error.clone()));
+        }
+        if !self.accept_wakers.iter().any(|w| w.will_wake(waker)) {
+            self.accept_wakers.push(waker.clone());
+        }
+        Poll::Pending
+    }
+
+    /// Registers a task to wake when the driver finishes.
+    pub(crate) fn poll_finished(&mut self, waker: &Waker) -> bool {
+        if self.finished {
+            return true;
+        }
+        if !self.close_wakers.iter().any(|w| w.will_wake(waker)) {
+            self.close_wakers.push(waker.clone());
+        }
+        false
+    }
+
+    /// Starts a graceful close from this side.
+    pub(crate) fn close(&mut self, wakers: &mut Vec<Waker>) {
+        self.end(Error::ClosedLocally, true, wakers);
+    }
+
+    /// Drops the streams nobody can accept any more (the last `Session` handle is gone).
+    pub(crate) fn drop_accept_queue(&mut self) {
+        while let Some(key) = self.accept_queue.pop_front() {
+            self.release(key);
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Stream handle operations. `key` is valid: a handle keeps its state alive.
+
+    pub(crate) fn add_handle(&mut self, key: usize) {
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.handles += 1;
+        }
+    }
+
+    /// Drops one handle; the last one closes the stream (CloseStream, unless either side already
+    /// sent it) and frees its id. Data written before is already queued ahead of the close.
+    pub(crate) fn release(&mut self, key: usize) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        stream.handles -= 1;
+        if stream.handles > 0 {
+            return;
+        }
+        let id = stream.id;
+        let send_close = !stream.has(LOCAL_CLOSED | PEER_CLOSED) && self.end.is_none();
+        self.streams.remove(key);
+        self.ids.remove(&id);
+        if send_close {
+            self.queue_header(Header::new(id, Kind::CloseStream));
+        }
+    }
+
+    pub(crate) fn poll_read(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        dst: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<Result<(), Error>> {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Poll::Ready(Ok(()));
+        };
+        if stream.has(READ_SHUT) {
+            return Poll::Ready(Ok(()));
+        }
+        if stream.buffered > 0 {
+            if dst.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let read = stream.read_into(dst);
+            stream.recv_window.consume(read as u32);
+            if self.end.is_none() && stream.recv_window.update_due(stream.buffered == 0) {
+                self.queue_credit(key);
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if stream.has(PEER_WRITE_SHUT | PEER_CLOSED) {
+            return Poll::Ready(Ok(())); // End of stream.
+        }
+        if let Some(error) = &self.end {
+            return Poll::Ready(Err(error.clone()));
+        }
+        stream.read_waker = Some(waker.clone());
+        Poll::Pending
+    }
+
+    /// Why writing on the stream fails, if it does.
+    fn write_error(&self, stream: &StreamState) -> Option<Error> {
+        if stream.has(WRITE_SHUT | LOCAL_CLOSED) {
+            Some(Error::WriteClosed)
+        } else if stream.has(PEER_READ_SHUT | PEER_CLOSED) {
+            Some(Error::PeerReadClosed)
+        } else {
+            self.end.clone()
+        }
+    }
+
+    pub(crate) fn poll_write(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        data: &[u8],
+    ) -> Poll<Result<usize, Error>> {
+        let Some(stream) = self.streams.get(key) else {
+            return Poll::Ready(Err(Error::WriteClosed));
+        };
+        if let Some(error) = self.write_error(stream) {
+            return Poll::Ready(Err(error));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let room = self.out_has_room();
+        let max_payload = self.config.max_payload;
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Poll::Ready(Err(Error::WriteClosed));
+        };
+        if stream.send_credit == 0 {
+            stream.write_waker = Some(waker.clone());
+            return Poll::Pending;
+        }
+        if !room {
+            stream.write_waker = Some(waker.clone());
+            self.space_wakers.push(waker.clone());
+            return Poll::Pending;
+        }
+        // Use whatever credit there is: a partial frame now beats a whole one later.
+        let n = data.len().min(stream.send_credit as usize).min(max_payload);
+        stream.send_credit -= n as u32;
+        let id = stream.id;
+        self.queue_data(id, &data[..n]);
+        let end = self.queued_total;
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.last_queued = end;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Ready once everything the stream queued has been written to the transport and flushed.
+    pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
+        let last = self.streams.get(key).map_or(0, |s| s.last_queued);
+        if self.written_total >= last {
+            return Poll::Ready(Ok(()));
+        }
+        if self.finished {
+            // The driver is gone and this stream's bytes never reached the transport.
+            return Poll::Ready(Err(self.end.clone().unwrap_or(Error::ClosedLocally)));
+        }
+        // The mark is the queue's end now, so marks in `flush_wakers` only grow.
+        self.flush_wakers
+            .push_back((self.queued_total, waker.clone()));
+        Poll::Pending
+    }
+
+    /// Queues `kind` (CloseRead, CloseWrite or CloseStream) for the stream unless the peer
+    /// closed it, the session ended, or this side already sent it; sets `flags` in any case.
+    fn close_with(&mut self, key: usize, kind: Kind, flags: u16) {
+        let live = self.end.is_none();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        let already = stream.flags & flags == flags;
+        let send = live && !already && !stream.has(PEER_CLOSED | LOCAL_CLOSED);
+        stream.flags |= flags;
+        if flags & READ_SHUT != 0 {
+            stream.discard_buffered();
+        }
+        let id = stream.id;
+        if send {
+            self.queue_header(Header::new(id, kind));
+            let end = self.queued_total;
+            if let Some(stream) = self.streams.get_mut(key) {
+                stream.last_queued = end;
+            }
+        }
+    }
+
+    /// Half-close of the write side: CloseRead on the wire.
+    pub(crate) fn shutdown(&mut self, key: usize) {
+        self.close_with(key, Kind::CloseRead, WRITE_SHUT);
+    }
+
+    /// Close of the read side: CloseWrite on the wire; buffered and arriving data is discarded.
+    pub(crate) fn close_read(&mut self, key: usize) {
+        self.close_with(key, Kind::CloseWrite, READ_SHUT);
+    }
+
+    /// Full close: CloseStream on the wire.
+    pub(crate) fn close_stream(&mut self, key: usize) {
+        self.close_with(
+            key,
+            Kind::CloseStream,
+            LOCAL_CLOSED | WRITE_SHUT | READ_SHUT,
+        );
+    }
+
+    /// Bytes buffered for reading on the stream.
+    pub(crate) fn buffered(&self, key: usize) -> usize {
+        self.streams.get(key).map_or(0, |s| s.buffered as usize)
+    }
+
+    /// Whether the driver has to be told about something a stream operation queued.
+    pub(crate) fn driver_needed(&self) -> bool {
+        self.has_output()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn credit_of(&self, key: usize) -> u32 {
+        self.streams.get(key).map_or(0, |s| s.send_credit)
+    }
+}

@@ -1,0 +1,266 @@
+//! [`Stream`]: one bidirectional byte stream of a session, with tokio's `AsyncRead` and
+//! `AsyncWrite`, and its owned halves.
+//!
+//! # Closing
+//!
+//! - [`AsyncWriteExt::shutdown`](tokio::io::AsyncWriteExt::shutdown) half-closes: the peer
+//!   reads end-of-stream after the data already written (CloseRead, kind 3, on the wire). This
+//!   side can still read.
+//! - [`Stream::close_read`] tells the peer this side reads no more: its writes fail (CloseWrite,
+//!   kind 4). Buffered and arriving data is discarded.
+//! - [`Stream::close`] closes both ways (CloseStream, kind 5) and waits until everything written
+//!   has reached the transport.
+//! - Dropping the stream (both halves, if split) closes it like `close` without waiting. Data
+//!   already written is queued ahead of the close, so nothing is lost.
+//!
+//! # Cancel safety
+//!
+//! Reads and writes are cancel safe: a `read` future dropped before it completes has consumed
+//! nothing, and a `write` that did not complete has queued nothing (one that completed queued
+//! exactly the bytes it reported). `write_all` is not, as in tokio generally: it may have
+//! written part of its buffer.
+//!
+//! # Errors
+//!
+//! Operations fail with [`std::io::Error`]s wrapping a [`crate::Error`], with the kinds listed
+//! there: writes after this side's shutdown or close give `BrokenPipe` (`WriteClosed`), writes
+//! after the peer stopped reading give `BrokenPipe` (`PeerReadClosed`), and everything after the
+//! session ended gives the session's error. Reads return the buffered data first, then
+//! end-of-stream if the peer half-closed or closed the stream, otherwise the session's error.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::error::Error;
+use crate::session::state::{Inner, Shared};
+
+/// One multiplexed stream: `AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static`.
+///
+/// Reading and writing from two tasks at once works with [`Stream::into_split`] (or
+/// [`tokio::io::split`]). See the [module docs](crate::stream) for closing and cancel safety.
+pub struct Stream {
+    handle: Handle,
+}
+
+/// The reading half of a [`Stream`], from [`Stream::into_split`].
+pub struct ReadHalf {
+    handle: Handle,
+}
+
+/// The writing half of a [`Stream`], from [`Stream::into_split`].
+pub struct WriteHalf {
+    handle: Handle,
+}
+
+/// A counted reference to a stream's state. The last one dropped closes the stream.
+struct Handle {
+    shared: Arc<Shared>,
+    key: usize,
+    id: u32,
+}
+
+impl Handle {
+    /// Runs `f` on the state, then wakes the driver if output is waiting for it.
+    fn with_driver<R>(&self, f: impl FnOnce(&mut Inner, usize) -> R) -> R {
+        let mut inner = self.shared.lock();
+        let result = f(&mut inner, self.key);
+        let driver = if inner.driver_needed() {
+            inner.take_driver_waker()
+        } else {
+            None
+        };
+        drop(inner);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+        result
+    }
+
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.with_driver(|inner, key| inner.poll_read(key, cx.waker(), buf))
+            .map_err(io::Error::from)
+    }
+
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.with_driver(|inner, key| inner.poll_write(key, cx.waker(), data))
+            .map_err(io::Error::from)
+    }
+
+    fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.shared
+            .lock()
+            .poll_flush(self.key, cx.waker())
+            .map_err(io::Error::from)
+    }
+
+    fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with_driver(|inner, key| inner.shutdown(key));
+        self.poll_flush(cx)
+    }
+
+    fn split(self) -> (Handle, Handle) {
+        self.shared.lock().add_handle(self.key);
+        let other = Handle {
+            shared: Arc::clone(&self.shared),
+            key: self.key,
+            id: self.id,
+        };
+        (self, other)
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.with_driver(|inner, key| inner.release(key));
+    }
+}
+
+impl Stream {
+    pub(crate) fn new(shared: Arc<Shared>, key: usize, id: u32) -> Stream {
+        Stream {
+            handle: Handle { shared, key, id },
+        }
+    }
+
+    /// The stream's id on the wire (even when the client opened it, odd for the server).
+    pub fn id(&self) -> u32 {
+        self.handle.id
+    }
+
+    /// Bytes received and not yet read.
+    pub fn buffered(&self) -> usize {
+        self.handle.shared.lock().buffered(self.handle.key)
+    }
+
+    /// Stops reading: the peer is told (CloseWrite) and its writes fail; buffered and arriving
+    /// data is discarded and reads return end-of-stream. Writing still works.
+    pub fn close_read(&mut self) {
+        self.handle.with_driver(|inner, key| inner.close_read(key));
+    }
+
+    /// Closes the stream both ways (CloseStream) and waits until everything written on it,
+    /// the close included, has been written to the transport. Afterwards reads return
+    /// end-of-stream and writes fail.
+    ///
+    /// # Errors
+    ///
+    /// The session's error when it ended before the stream's data reached the transport.
+    pub async fn close(&mut self) -> Result<(), Error> {
+        self.handle
+            .with_driver(|inner, key| inner.close_stream(key));
+        let handle = &self.handle;
+        poll_fn(|cx| handle.shared.lock().poll_flush(handle.key, cx.waker())).await
+    }
+
+    /// Splits the stream into halves that can be used from different tasks. The stream closes
+    /// when both are dropped.
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        let (read, write) = self.handle.split();
+        (ReadHalf { handle: read }, WriteHalf { handle: write })
+    }
+}
+
+impl ReadHalf {
+    /// The stream's id on the wire.
+    pub fn id(&self) -> u32 {
+        self.handle.id
+    }
+
+    /// Stops reading, as [`Stream::close_read`].
+    pub fn close_read(&mut self) {
+        self.handle.with_driver(|inner, key| inner.close_read(key));
+    }
+}
+
+impl WriteHalf {
+    /// The stream's id on the wire.
+    pub fn id(&self) -> u32 {
+        self.handle.id
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.handle.poll_read(cx, buf)
+    }
+}
+
+impl AsyncRead for ReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.handle.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.handle.poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.handle.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.handle.poll_shutdown(cx)
+    }
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.handle.poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.handle.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.handle.poll_shutdown(cx)
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.handle.id)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ReadHalf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadHalf")
+            .field("id", &self.handle.id)
+            .finish()
+    }
+}
+
+impl fmt::Debug for WriteHalf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteHalf")
+            .field("id", &self.handle.id)
+            .finish()
+    }
+}
