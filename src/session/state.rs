@@ -704,9 +704,3 @@ impl Inner {
     pub(crate) fn driver_needed(&self) -> bool {
         self.has_output()
     }
-
-    #[cfg(test)]
-    pub(crate) fn credit_of(&self, key: usize) -> u32 {
-        self.streams.get(key).map_or(0, |s| s.send_credit)
-    }
-}
