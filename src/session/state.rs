@@ -704,3 +704,4 @@ impl Inner {
     pub(crate) fn driver_needed(&self) -> bool {
         self.has_output()
     }
+}
