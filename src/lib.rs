@@ -78,3 +78,18 @@ pub use crate::config::{Config, Role};
 pub use crate::error::{CodecError, Error, ProtocolError};
 pub use crate::session::{Connection, Incoming, Session};
 pub use crate::stream::Stream;
+
+#[cfg(test)]
+mod tests {
+    fn assert_traits<T: Send + Sync + Unpin + 'static>() {}
+
+    #[test]
+    fn handles_are_send_sync_unpin_static() {
+        assert_traits::<crate::Session>();
+        assert_traits::<crate::Stream>();
+        assert_traits::<crate::stream::ReadHalf>();
+        assert_traits::<crate::stream::WriteHalf>();
+        assert_traits::<crate::Error>();
+        assert_traits::<crate::Connection<tokio::net::TcpStream>>();
+    }
+}

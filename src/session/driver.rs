@@ -23,10 +23,12 @@ use crate::codec::FrameCodec;
 use crate::error::{CodecError, Error};
 use crate::frame::{Header, Kind};
 
-/// Reads go into buffers of this size, so a read can take several full frames at once.
+/// Reads go into buffers of up to this size, so one read can take several full frames. A
+/// session starts with `READ_MIN_SPACE` and grows to this only while reads fill the buffer, so
+/// idle sessions stay small.
 const READ_BUF_SIZE: usize = 128 * 1024;
 /// A new read buffer is reserved once less than this is left in the current one.
-const READ_MIN_SPACE: usize = 16 * 1024;
+const READ_MIN_SPACE: usize = 8 * 1024;
 /// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
 /// connection cannot monopolise a runtime thread.
 const READ_BUDGET: usize = 1024 * 1024;
@@ -54,6 +56,8 @@ pub struct Connection<T> {
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
+    /// How much room the next read buffer gets, between `READ_MIN_SPACE` and `READ_BUF_SIZE`.
+    read_size: usize,
     /// Whether reading waits for queued refusals to drain.
     read_paused: bool,
     keepalive_interval: Option<Duration>,
@@ -139,6 +143,7 @@ where
             unflushed: false,
             phase: Phase::Active,
             wakers: Vec::new(),
+            read_size: READ_MIN_SPACE,
             read_paused: false,
             keepalive_interval: keepalive,
             idle_timeout: idle,
@@ -175,8 +180,9 @@ where
                 return false;
             }
             if self.read_buf.capacity() - self.read_buf.len() < READ_MIN_SPACE {
-                self.read_buf.reserve(READ_BUF_SIZE);
+                self.read_buf.reserve(self.read_size);
             }
+            let space = self.read_buf.capacity() - self.read_buf.len();
             let n =
                 match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read_buf)
                 {
@@ -190,7 +196,13 @@ where
                         self.end(error, false);
                         return false;
                     }
-                    Poll::Ready(Ok(n)) => n,
+                    Poll::Ready(Ok(n)) => {
+                        if n == space {
+                            // The transport had more than the buffer held: read bigger.
+                            self.read_size = (self.read_size * 2).min(READ_BUF_SIZE);
+                        }
+                        n
+                    }
                     Poll::Ready(Err(e)) => {
                         self.end(e.into(), false);
                         return false;

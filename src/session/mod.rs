@@ -228,7 +228,7 @@ impl Session {
     fn with_driver<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         let mut inner = self.shared.lock();
         let result = f(&mut inner);
-        let driver = if inner.has_output() || inner.end.is_some() {
+        let driver = if inner.driver_needed() || inner.end.is_some() {
             inner.take_driver_waker()
         } else {
             None

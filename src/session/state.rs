@@ -203,7 +203,8 @@ impl Inner {
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
             accept_wakers: Vec::new(),
-            out: Vec::with_capacity(config.write_buffer_size + config.max_payload + HEADER_LEN),
+            // Grows with use and is kept: idle sessions stay small, busy ones stop allocating.
+            out: Vec::new(),
             queued_total: 0,
             written_total: 0,
             credit_queue: VecDeque::new(),
@@ -700,8 +701,174 @@ impl Inner {
         self.streams.get(key).map_or(0, |s| s.buffered as usize)
     }
 
-    /// Whether the driver has to be told about something a stream operation queued.
+    /// Whether the driver has to be woken after a handle operation: output is waiting, or the
+    /// last handle went away and the session should close itself.
     pub(crate) fn driver_needed(&self) -> bool {
-        self.has_output()
+        self.has_output() || self.abandoned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    fn inner(role: Role) -> Inner {
+        Inner::new(role, Config::default())
+    }
+
+    fn open(inner: &mut Inner) -> (usize, u32) {
+        match inner.poll_open(Waker::noop()) {
+            Poll::Ready(Ok(opened)) => opened,
+            _ => panic!("open did not complete"),
+        }
+    }
+
+    /// Decodes everything queued in `out` as headers (ignoring payloads).
+    fn queued_headers(inner: &mut Inner) -> Vec<Header> {
+        inner.queue_pending_control();
+        let mut headers = Vec::new();
+        let mut rest = &inner.out[..];
+        while rest.len() >= HEADER_LEN {
+            let mut raw = [0; HEADER_LEN];
+            raw.copy_from_slice(&rest[..HEADER_LEN]);
+            let header = Header::from_bytes(raw).expect("valid kind");
+            let payload = if header.kind == Kind::Data {
+                header.length as usize
+            } else {
+                0
+            };
+            rest = &rest[HEADER_LEN + payload..];
+            headers.push(header);
+        }
+        inner.out.clear();
+        headers
+    }
+
+    #[test]
+    fn ids_wrap_around_and_skip_live_ones() {
+        let mut inner = inner(Role::Client);
+        let (_, first) = open(&mut inner);
+        assert_eq!(first, 0);
+        inner.next_id = u32::MAX - 1;
+        let (_, last) = open(&mut inner);
+        assert_eq!(last, u32::MAX - 1);
+        // 0 is still live, so the wrap lands on 2.
+        let (_, wrapped) = open(&mut inner);
+        assert_eq!(wrapped, 2);
+    }
+
+    #[test]
+    fn server_ids_are_odd_and_peer_parity_is_checked() {
+        let mut inner = inner(Role::Server);
+        assert_eq!(open(&mut inner).1, 1);
+        assert_eq!(open(&mut inner).1, 3);
+        let mut wakers = Vec::new();
+        let err = inner
+            .on_frame(Frame::control(5, Kind::OpenStream), &mut wakers)
+            .expect_err("a server must not accept odd ids from its peer");
+        assert!(matches!(
+            err,
+            Error::Protocol(ProtocolError::WrongParity { id: 5 })
+        ));
+    }
+
+    #[test]
+    fn credit_is_returned_when_the_reader_empties_the_buffer() {
+        let mut inner = inner(Role::Server);
+        let mut wakers = Vec::new();
+        inner
+            .on_frame(Frame::control(0, Kind::OpenStream), &mut wakers)
+            .expect("valid open");
+        inner
+            .on_frame(Frame::data(0, vec![7; 3000]), &mut wakers)
+            .expect("within credit");
+        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop()) else {
+            panic!("stream not accepted");
+        };
+        let mut storage = [0u8; 1000];
+        let mut buf = tokio::io::ReadBuf::new(&mut storage);
+        assert!(inner.poll_read(key, Waker::noop(), &mut buf).is_ready());
+        assert!(
+            queued_headers(&mut inner).is_empty(),
+            "no update while data is buffered and less than half a window is owed"
+        );
+        let mut storage = [0u8; 4000];
+        let mut buf = tokio::io::ReadBuf::new(&mut storage);
+        assert!(inner.poll_read(key, Waker::noop(), &mut buf).is_ready());
+        assert_eq!(buf.filled().len(), 2000);
+        assert_eq!(
+            queued_headers(&mut inner),
+            vec![Header {
+                id: 0,
+                length: 3000,
+                kind: Kind::WindowUpdate
+            }]
+        );
+    }
+
+    #[test]
+    fn writes_never_exceed_credit_and_use_partial_credit() {
+        let mut inner = inner(Role::Client);
+        let (key, id) = open(&mut inner);
+        let data = vec![1u8; 100_000];
+        let Poll::Ready(Ok(first)) = inner.poll_write(key, Waker::noop(), &data) else {
+            panic!("first write blocked");
+        };
+        assert_eq!(first, 65_536);
+        assert!(inner.poll_write(key, Waker::noop(), &data).is_pending());
+        let mut wakers = Vec::new();
+        inner
+            .on_frame(Frame::window_update(id, 10), &mut wakers)
+            .expect("valid update");
+        let Poll::Ready(Ok(second)) = inner.poll_write(key, Waker::noop(), &data) else {
+            panic!("write with credit blocked");
+        };
+        assert_eq!(second, 10, "a partial frame uses whatever credit there is");
+        let headers = queued_headers(&mut inner);
+        let data_lengths: Vec<u32> = headers
+            .iter()
+            .filter(|h| h.kind == Kind::Data)
+            .map(|h| h.length)
+            .collect();
+        assert_eq!(data_lengths, vec![65_536, 10]);
+    }
+
+    #[test]
+    fn inbound_streams_beyond_the_backlog_are_refused() {
+        let mut inner = Inner::new(Role::Server, Config::default().accept_backlog(1));
+        let mut wakers = Vec::new();
+        for id in [0, 2, 4] {
+            inner
+                .on_frame(Frame::control(id, Kind::OpenStream), &mut wakers)
+                .expect("valid open");
+        }
+        let refused: Vec<u32> = queued_headers(&mut inner)
+            .into_iter()
+            .filter(|h| h.kind == Kind::CloseStream)
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(refused, vec![2, 4]);
+        assert_eq!(inner.stream_count(), 1);
+    }
+
+    #[test]
+    fn dropping_the_last_handle_sends_close_stream_after_the_data() {
+        let mut inner = inner(Role::Client);
+        let (key, id) = open(&mut inner);
+        assert!(inner.poll_write(key, Waker::noop(), b"bye").is_ready());
+        inner.release(key);
+        let kinds: Vec<Kind> = queued_headers(&mut inner)
+            .into_iter()
+            .map(|h| h.kind)
+            .collect();
+        assert_eq!(kinds, vec![Kind::OpenStream, Kind::Data, Kind::CloseStream]);
+        assert_eq!(inner.stream_count(), 0);
+        // Frames racing with the close are ignored.
+        let mut wakers = Vec::new();
+        inner
+            .on_frame(Frame::data(id, &b"late"[..]), &mut wakers)
+            .expect("ignored");
     }
 }
