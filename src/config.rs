@@ -70,7 +70,7 @@ impl Default for Config {
             keepalive_interval: Some(Duration::from_secs(30)),
             idle_timeout: None,
             close_timeout: Duration::from_secs(10),
-            accept_backlog: 256,
+            accept_backlog: 1024,
             max_streams: 8192,
             write_buffer_size: 256 * 1024,
         }
@@ -120,9 +120,11 @@ impl Config {
         self
     }
 
-    /// Inbound streams queued for [`Session::accept`](crate::Session::accept), default 256. A
-    /// stream that arrives while the queue is full is refused with CloseStream; the session keeps
-    /// reading. At least 1.
+    /// Inbound streams queued for [`Session::accept`](crate::Session::accept), default 1024. A
+    /// stream that arrives while the queue is full is refused with CloseStream (the opener reads
+    /// end-of-stream and its writes fail); the session keeps reading. A peer that opens streams in
+    /// bursts larger than this, faster than the application accepts, needs a larger backlog.
+    /// Queued streams count towards `max_streams`. At least 1.
     pub fn accept_backlog(mut self, streams: usize) -> Config {
         self.accept_backlog = streams.max(1);
         self
