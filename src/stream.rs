@@ -66,20 +66,9 @@ struct Handle {
 }
 
 impl Handle {
-    /// Runs `f` on the state, then wakes the driver if output is waiting for it.
+    /// Runs `f` on the state with this stream's key, waking the driver if needed.
     fn with_driver<R>(&self, f: impl FnOnce(&mut Inner, usize) -> R) -> R {
-        let mut inner = self.shared.lock();
-        let result = f(&mut inner, self.key);
-        let driver = if inner.driver_needed() {
-            inner.take_driver_waker()
-        } else {
-            None
-        };
-        drop(inner);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
-        result
+        self.shared.with_driver(|inner| f(inner, self.key))
     }
 
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -185,61 +174,44 @@ impl WriteHalf {
     }
 }
 
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.handle.poll_read(cx, buf)
-    }
+/// Implements tokio's I/O traits for a type by handing each call to its `handle`.
+macro_rules! delegate_io {
+    (AsyncRead for $ty:ty) => {
+        impl AsyncRead for $ty {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                self.handle.poll_read(cx, buf)
+            }
+        }
+    };
+    (AsyncWrite for $ty:ty) => {
+        impl AsyncWrite for $ty {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                data: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                self.handle.poll_write(cx, data)
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.handle.poll_flush(cx)
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.handle.poll_shutdown(cx)
+            }
+        }
+    };
 }
 
-impl AsyncRead for ReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.handle.poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.handle.poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.handle.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.handle.poll_shutdown(cx)
-    }
-}
-
-impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.handle.poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.handle.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.handle.poll_shutdown(cx)
-    }
-}
+delegate_io!(AsyncRead for Stream);
+delegate_io!(AsyncRead for ReadHalf);
+delegate_io!(AsyncWrite for Stream);
+delegate_io!(AsyncWrite for WriteHalf);
 
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

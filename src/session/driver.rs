@@ -344,18 +344,6 @@ where
         self.wake_collected();
     }
 
-    /// The session's outcome once the driver is done.
-    fn outcome(&self) -> Result<(), Error> {
-        let inner = self.shared.lock();
-        if let Some(error) = &inner.close_error {
-            return Err(error.clone());
-        }
-        match &inner.end {
-            None | Some(Error::ClosedLocally) | Some(Error::ClosedByPeer) => Ok(()),
-            Some(error) => Err(error.clone()),
-        }
-    }
-
     fn poll_closing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self
             .close_deadline
@@ -417,7 +405,7 @@ where
         // is queued, CloseMux included), ShuttingDown (close the transport), Done.
         loop {
             match this.phase {
-                Phase::Done => return Poll::Ready(this.outcome()),
+                Phase::Done => return Poll::Ready(this.shared.lock().outcome()),
                 Phase::Flushing | Phase::ShuttingDown => {
                     if this.poll_closing(cx).is_pending() {
                         return Poll::Pending;

@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use self::driver::Connection;
-use self::state::{Inner, Shared};
+use self::state::Shared;
 use crate::config::{Config, Role};
 use crate::error::Error;
 use crate::stream::Stream;
@@ -127,7 +127,8 @@ impl Session {
     /// [`Error::TooManyStreams`] when `max_streams` streams are live (only this open fails), or
     /// the error that ended the session.
     pub async fn open(&self) -> Result<Stream, Error> {
-        let (key, id) = poll_fn(|cx| self.with_driver(|inner| inner.poll_open(cx.waker()))).await?;
+        let (key, id) =
+            poll_fn(|cx| self.shared.with_driver(|inner| inner.poll_open(cx.waker()))).await?;
         Ok(Stream::new(Arc::clone(&self.shared), key, id))
     }
 
@@ -166,22 +167,16 @@ impl Session {
     /// When the session had already ended with an error, that error; when the transport failed
     /// (or did not take the final writes within the close timeout), the transport error.
     pub async fn close(&self) -> Result<(), Error> {
-        self.with_driver(|inner| {
-            let mut wakers = Vec::new();
-            inner.close(&mut wakers);
-            wakers
-        })
-        .into_iter()
-        .for_each(Waker::wake);
+        self.shared
+            .with_driver(|inner| {
+                let mut wakers = Vec::new();
+                inner.close(&mut wakers);
+                wakers
+            })
+            .into_iter()
+            .for_each(Waker::wake);
         poll_fn(|cx| self.poll_finished(cx)).await;
-        let inner = self.shared.lock();
-        if let Some(error) = &inner.close_error {
-            return Err(error.clone());
-        }
-        match &inner.end {
-            None | Some(Error::ClosedLocally | Error::ClosedByPeer) => Ok(()),
-            Some(error) => Err(error.clone()),
-        }
+        self.shared.lock().outcome()
     }
 
     /// Waits until the session has ended and its transport is closed, and returns why it ended
@@ -223,22 +218,6 @@ impl Session {
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
     }
-
-    /// Runs `f` on the state, then wakes the driver if output is waiting for it.
-    fn with_driver<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let mut inner = self.shared.lock();
-        let result = f(&mut inner);
-        let driver = if inner.driver_needed() || inner.end.is_some() {
-            inner.take_driver_waker()
-        } else {
-            None
-        };
-        drop(inner);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
-        result
-    }
 }
 
 impl Clone for Session {
@@ -252,17 +231,7 @@ impl Clone for Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let mut inner = self.shared.lock();
-        inner.session_handles -= 1;
-        let driver = if inner.session_handles == 0 {
-            inner.take_driver_waker()
-        } else {
-            None
-        };
-        drop(inner);
-        if let Some(driver) = driver {
-            driver.wake();
-        }
+        self.shared.with_driver(|inner| inner.session_handles -= 1);
     }
 }
 

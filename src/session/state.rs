@@ -152,6 +152,23 @@ impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Runs a handle operation on the state, then wakes the driver (after unlocking) if the
+    /// operation left it something to do.
+    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let mut inner = self.lock();
+        let result = f(&mut inner);
+        let driver = if inner.driver_needed() {
+            inner.take_driver_waker()
+        } else {
+            None
+        };
+        drop(inner);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+        result
+    }
 }
 
 pub(crate) struct Inner {
@@ -452,6 +469,18 @@ impl Inner {
         wakers.extend(self.driver_waker.take());
     }
 
+    /// How the session went, once the driver is done: `Ok` after a graceful close by either side
+    /// whose final writes and shutdown succeeded, otherwise the error.
+    pub(crate) fn outcome(&self) -> Result<(), Error> {
+        if let Some(error) = &self.close_error {
+            return Err(error.clone());
+        }
+        match &self.end {
+            None | Some(Error::ClosedLocally | Error::ClosedByPeer) => Ok(()),
+            Some(error) => Err(error.clone()),
+        }
+    }
+
     /// Marks the driver finished and wakes those waiting for it.
     pub(crate) fn finish(&mut self, wakers: &mut Vec<Waker>) {
         self.finished = true;
@@ -701,10 +730,14 @@ impl Inner {
         self.streams.get(key).map_or(0, |s| s.buffered as usize)
     }
 
-    /// Whether the driver has to be woken after a handle operation: output is waiting, or the
-    /// last handle went away and the session should close itself.
-    pub(crate) fn driver_needed(&self) -> bool {
-        self.has_output() || self.abandoned()
+    /// Whether the driver has to be woken after a handle operation: output is waiting, the
+    /// session ended, or the last `Session` handle went away (queued inbound streams are to be
+    /// dropped, and the session closes itself once no stream is left).
+    fn driver_needed(&self) -> bool {
+        self.has_output()
+            || self.end.is_some()
+            || self.session_handles == 0
+                && (self.streams.len() == 0 || !self.accept_queue.is_empty())
     }
 }
 
