@@ -14,21 +14,23 @@
 //! notice on stderr.
 
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::fs;
 use std::future::Future;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use gomux::codec::FrameCodec;
 use gomux::frame::{Frame, Header, Kind, HEADER_LEN, INITIAL_WINDOW, MAX_PAYLOAD};
-use gomux::{Error, Session};
+use gomux::{Config, Error, Role, Session, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_util::codec::{Decoder, Encoder};
+use tokio_util::codec::{Decoder, Encoder, FramedRead};
 
 /// Every await is bounded by this, so that a bug shows as a failure rather than a hang.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -46,6 +48,12 @@ async fn within<T>(what: impl Display, future: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out after {LIMIT:?} waiting for {what}"))
 }
 
+/// One step of an application: it must finish within the limit, and succeed.
+async fn must<T, E: Debug>(what: impl Display, step: impl Future<Output = Result<T, E>>) -> T {
+    let result = within(&what, step).await;
+    result.unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
 fn vectors_dir() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors");
     if dir.is_dir() {
@@ -56,147 +64,62 @@ fn vectors_dir() -> Option<PathBuf> {
     }
 }
 
+fn read(path: &Path) -> Vec<u8> {
+    fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn read_text(path: &Path) -> String {
+    String::from_utf8(read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 // ------------------------------------------------------------------------------------------
 // frames.jsonl
 
-/// A value of the flat JSON objects in `frames.jsonl`.
-#[derive(Debug)]
-enum Json {
-    Str(String),
-    Int(u64),
-}
-
-/// Parses one flat JSON object of string and non-negative integer fields. The vectors need no
-/// more, and the crate takes no JSON dependency for them.
-fn parse_flat_object(line: &str) -> HashMap<String, Json> {
-    let mut chars = line.trim().chars().peekable();
-    let mut fields = HashMap::new();
-    let skip_ws = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
+/// Splits one line of `frames.jsonl` into its fields. The lines are flat JSON objects of
+/// escape-free strings and non-negative integers; that is all this reads (the crate takes no
+/// JSON dependency for it), and anything else fails loudly rather than being misread.
+fn parse_flat_object(line: &str) -> HashMap<&str, &str> {
+    let body = line
+        .trim()
+        .strip_prefix('{')
+        .and_then(|l| l.strip_suffix('}'));
+    let body = body.unwrap_or_else(|| panic!("object expected in {line}"));
+    assert!(!body.contains('\\'), "escapes are not expected in {line}");
+    let field = |field| {
+        let (key, value) =
+            str::split_once(field, ':').unwrap_or_else(|| panic!("no `:` in {line}"));
+        let key = unquote(key).unwrap_or_else(|| panic!("bad key {key} in {line}"));
+        (key, value.trim())
     };
-    assert_eq!(chars.next(), Some('{'), "object expected in {line}");
-    loop {
-        skip_ws(&mut chars);
-        if chars.peek() == Some(&'}') {
-            chars.next();
-            break;
-        }
-        let key = parse_json_string(&mut chars, line);
-        skip_ws(&mut chars);
-        assert_eq!(
-            chars.next(),
-            Some(':'),
-            "`:` expected after {key} in {line}"
-        );
-        skip_ws(&mut chars);
-        let value = if chars.peek() == Some(&'"') {
-            Json::Str(parse_json_string(&mut chars, line))
-        } else {
-            let mut digits = String::new();
-            while let Some(c) = chars.next_if(char::is_ascii_digit) {
-                digits.push(c);
-            }
-            Json::Int(
-                digits
-                    .parse()
-                    .unwrap_or_else(|_| panic!("integer expected for {key} in {line}")),
-            )
-        };
-        fields.insert(key, value);
-        skip_ws(&mut chars);
-        match chars.next() {
-            Some(',') => {}
-            Some('}') => break,
-            other => panic!("`,` or `}}` expected, found {other:?} in {line}"),
-        }
-    }
-    skip_ws(&mut chars);
-    assert!(
-        chars.next().is_none(),
-        "trailing text after the object in {line}"
-    );
-    fields
+    body.split(',').map(field).collect()
 }
 
-fn parse_json_string(chars: &mut std::iter::Peekable<std::str::Chars<'_>>, line: &str) -> String {
-    assert_eq!(chars.next(), Some('"'), "string expected in {line}");
-    let mut text = String::new();
-    loop {
-        match chars.next() {
-            Some('"') => return text,
-            Some('\\') => match chars.next() {
-                Some('n') => text.push('\n'),
-                Some('t') => text.push('\t'),
-                Some('r') => text.push('\r'),
-                Some('b') => text.push('\u{8}'),
-                Some('f') => text.push('\u{c}'),
-                Some('u') => {
-                    let code: String = chars.by_ref().take(4).collect();
-                    let code = u32::from_str_radix(&code, 16)
-                        .ok()
-                        .and_then(char::from_u32)
-                        .unwrap_or_else(|| panic!("bad \\u escape in {line}"));
-                    text.push(code);
-                }
-                Some(c) => text.push(c), // `\"`, `\\` and `\/` stand for themselves.
-                None => panic!("unterminated escape in {line}"),
-            },
-            Some(c) => text.push(c),
-            None => panic!("unterminated string in {line}"),
-        }
-    }
+/// The text of a JSON string without escapes, or `None` if `value` is no such string.
+fn unquote(value: &str) -> Option<&str> {
+    let text = value.trim().strip_prefix('"')?.strip_suffix('"')?;
+    (!text.contains('"')).then_some(text)
 }
 
 fn hex(text: &str) -> Vec<u8> {
     assert!(text.len() % 2 == 0, "odd number of hex digits: {text}");
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&text[i..i + 2], 16)
-                .unwrap_or_else(|_| panic!("bad hex digits in {text}"))
-        })
-        .collect()
+    let byte = |i| u8::from_str_radix(&text[i..i + 2], 16);
+    let bytes: Result<Vec<u8>, _> = (0..text.len()).step_by(2).map(byte).collect();
+    bytes.unwrap_or_else(|_| panic!("bad hex digits in {text}"))
 }
 
-/// One line of `frames.jsonl`.
+/// One line of `frames.jsonl`: the frame it describes, built with the crate's constructors,
+/// and the complete bytes it stands for on the wire (header and payload).
 struct Vector {
     name: String,
-    id: u32,
-    length: u32,
-    kind: u8,
-    payload: Vec<u8>,
+    frame: Frame,
     wire: Vec<u8>,
 }
 
 fn load_frame_vectors(dir: &Path) -> Vec<Vector> {
     let path = dir.join("frames.jsonl");
-    let text =
-        fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let vectors: Vec<Vector> = text
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            let fields = parse_flat_object(line);
-            let text = |key: &str| match fields.get(key) {
-                Some(Json::Str(s)) => s.clone(),
-                other => panic!("string field {key} expected, found {other:?} in {line}"),
-            };
-            let int = |key: &str| match fields.get(key) {
-                Some(Json::Int(n)) => *n,
-                other => panic!("integer field {key} expected, found {other:?} in {line}"),
-            };
-            Vector {
-                name: text("name"),
-                id: u32::try_from(int("id")).expect("id fits in u32"),
-                length: u32::try_from(int("length")).expect("length fits in u32"),
-                kind: u8::try_from(int("flags")).expect("flags fit in u8"),
-                payload: hex(&text("payload_hex")),
-                wire: hex(&text("wire_hex")),
-            }
-        })
-        .collect();
+    let text = read_text(&path);
+    let lines = text.lines().filter(|line| !line.trim().is_empty());
+    let vectors: Vec<Vector> = lines.map(vector).collect();
     assert!(!vectors.is_empty(), "{} holds no vectors", path.display());
     assert!(
         vectors.iter().any(|v| v.name == HEADER_ONLY),
@@ -206,43 +129,58 @@ fn load_frame_vectors(dir: &Path) -> Vec<Vector> {
     vectors
 }
 
-/// The payload of the header-only vector: byte `i` is `(i * 7) mod 256`.
-fn header_only_payload() -> Vec<u8> {
-    (0..MAX_PAYLOAD).map(|i| (i * 7 % 256) as u8).collect()
-}
-
-/// The frame a vector describes, built with the crate's constructors, and the complete bytes it
-/// stands for on the wire (header and payload).
-fn vector_frame(vector: &Vector) -> (Frame, Vec<u8>) {
-    let name = &vector.name;
-    let kind = Kind::from_u8(vector.kind)
-        .unwrap_or_else(|| panic!("{name}: kind {} is not defined", vector.kind));
-    let mut wire = vector.wire.clone();
+fn vector(line: &str) -> Vector {
+    let fields = parse_flat_object(line);
+    let field = |key| {
+        *fields
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    let text =
+        |key| unquote(field(key)).unwrap_or_else(|| panic!("{key}: string expected in {line}"));
+    let int = |key| {
+        field(key)
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}: u32 expected in {line}"))
+    };
+    let (name, id, length) = (text("name").to_owned(), int("id"), int("length"));
+    let flags = u8::try_from(int("flags")).expect("flags fit in u8");
+    let kind = Kind::from_u8(flags).unwrap_or_else(|| panic!("{name}: kind {flags} undefined"));
+    let (mut payload, mut wire) = (hex(text("payload_hex")), hex(text("wire_hex")));
     let frame = match kind {
         Kind::Data => {
-            let payload = if *name == HEADER_ONLY {
-                assert!(vector.payload.is_empty(), "{name}: payload_hex not empty");
+            if name == HEADER_ONLY {
+                assert!(payload.is_empty(), "{name}: payload_hex not empty");
                 assert_eq!(wire.len(), HEADER_LEN, "{name}: wire_hex is not a header");
-                let payload = header_only_payload();
+                // Byte `i` of the generated payload is `(i * 7) mod 256`.
+                payload = (0..MAX_PAYLOAD).map(|i| (i * 7 % 256) as u8).collect();
                 wire.extend_from_slice(&payload);
-                payload
-            } else {
-                vector.payload.clone()
-            };
-            let frame = Frame::data(vector.id, payload);
-            assert_eq!(frame.header.length, vector.length, "{name}: length field");
+            }
+            let frame = Frame::data(id, payload);
+            assert_eq!(frame.header.length, length, "{name}: length field");
             frame
         }
-        Kind::WindowUpdate => Frame::window_update(vector.id, vector.length),
+        Kind::WindowUpdate => Frame::window_update(id, length),
         _ => {
-            let mut frame = Frame::control(vector.id, kind);
-            if vector.length != 0 {
-                frame.header.length = vector.length;
+            let mut frame = Frame::control(id, kind);
+            if length != 0 {
+                frame.header.length = length;
             }
             frame
         }
     };
-    (frame, wire)
+    Vector { name, frame, wire }
+}
+
+/// Compares a decoded frame with the expected one, without printing a 64 KiB payload.
+fn assert_same_frame(decoded: &Frame, expected: &Frame, what: &str) {
+    assert_eq!(decoded.header, expected.header, "{what}: header");
+    assert!(
+        decoded.payload == expected.payload,
+        "{what}: payload differs (got {} bytes, expected {})",
+        decoded.payload.len(),
+        expected.payload.len()
+    );
 }
 
 #[test]
@@ -250,23 +188,14 @@ fn go_frame_vectors_encode_to_the_recorded_bytes() {
     let Some(dir) = vectors_dir() else {
         return;
     };
-    for vector in load_frame_vectors(&dir) {
-        let name = &vector.name;
-        let (frame, wire) = vector_frame(&vector);
-        assert_eq!(
-            frame.header.to_bytes()[..],
-            wire[..HEADER_LEN],
-            "{name}: Header::to_bytes"
-        );
+    for Vector { name, frame, wire } in load_frame_vectors(&dir) {
+        let head = frame.header.to_bytes();
+        assert_eq!(head[..], wire[..HEADER_LEN], "{name}: Header::to_bytes");
         let mut encoded = BytesMut::new();
-        FrameCodec::new()
-            .encode(frame, &mut encoded)
-            .unwrap_or_else(|e| panic!("{name}: the encoder refused the frame: {e}"));
-        assert_eq!(
-            encoded[..HEADER_LEN.min(encoded.len())],
-            vector.wire[..HEADER_LEN],
-            "{name}: encoded header"
-        );
+        let result = FrameCodec::new().encode(frame, &mut encoded);
+        result.unwrap_or_else(|e| panic!("{name}: the encoder refused the frame: {e}"));
+        let encoded_head = &encoded[..HEADER_LEN.min(encoded.len())];
+        assert_eq!(encoded_head, &wire[..HEADER_LEN], "{name}: encoded header");
         // Compared apart so that a wrong 64 KiB payload does not flood the report.
         assert_eq!(encoded.len(), wire.len(), "{name}: encoded length");
         assert!(
@@ -282,55 +211,27 @@ fn go_frame_vectors_decode_to_the_frames_they_describe() {
         return;
     };
     for vector in load_frame_vectors(&dir) {
-        let name = &vector.name;
-        let (expected, wire) = vector_frame(&vector);
+        let (name, expected, wire) = (&vector.name, &vector.frame, &vector.wire);
         let head: [u8; HEADER_LEN] = wire[..HEADER_LEN].try_into().expect("8 header bytes");
-        assert_eq!(
-            Header::from_bytes(head),
-            Ok(expected.header),
-            "{name}: Header::from_bytes"
-        );
+        let header = Header::from_bytes(head);
+        assert_eq!(header, Ok(expected.header), "{name}: Header::from_bytes");
 
-        let mut codec = FrameCodec::new();
-        let mut buf = BytesMut::from(&wire[..]);
-        let decoded = codec
-            .decode(&mut buf)
-            .unwrap_or_else(|e| panic!("{name}: decoding failed: {e}"))
-            .unwrap_or_else(|| panic!("{name}: the decoder wants more than the whole frame"));
-        assert_eq!(decoded.header, expected.header, "{name}: decoded header");
-        assert!(
-            decoded.payload == expected.payload,
-            "{name}: decoded payload differs (got {} bytes, expected {})",
-            decoded.payload.len(),
-            expected.payload.len()
-        );
-        assert!(buf.is_empty(), "{name}: bytes left after the frame");
-        assert!(
-            codec
-                .decode_eof(&mut buf)
-                .unwrap_or_else(|e| panic!("{name}: clean end refused: {e}"))
-                .is_none(),
-            "{name}: a frame out of nothing"
-        );
+        // Whole, the bytes must make exactly one frame and end cleanly after it.
+        let whole = decode_capture(wire, name);
+        assert_eq!(whole.len(), 1, "{name}: frames decoded from the whole");
+        assert_same_frame(&whole[0].frame, expected, &format!("{name}: decoded"));
 
         // A transport may deliver the frame in pieces; one byte at a time is the worst case.
         let mut codec = FrameCodec::new();
         let mut buf = BytesMut::new();
         let mut pieces = Vec::new();
-        for byte in &wire {
+        for byte in wire {
             buf.extend_from_slice(&[*byte]);
-            if let Some(frame) = codec
-                .decode(&mut buf)
-                .unwrap_or_else(|e| panic!("{name}: decoding byte by byte failed: {e}"))
-            {
-                pieces.push(frame);
-            }
+            let decoded = codec.decode(&mut buf);
+            pieces.extend(decoded.unwrap_or_else(|e| panic!("{name}: byte by byte: {e}")));
         }
         assert_eq!(pieces.len(), 1, "{name}: frames decoded byte by byte");
-        assert!(
-            pieces[0] == expected,
-            "{name}: byte-by-byte decoding differs"
-        );
+        assert_same_frame(&pieces[0], expected, &format!("{name}: byte by byte"));
     }
 }
 
@@ -343,32 +244,20 @@ struct Captured {
     wire: Bytes,
 }
 
-/// Both directions of one recorded Go session.
-struct Scenario {
-    client_to_server: Vec<Captured>,
-    server_to_client: Vec<Captured>,
-}
-
 /// Decodes a capture frame by frame; panics on bytes that are not whole frames.
 fn decode_capture(bytes: &[u8], what: &str) -> Vec<Captured> {
     let mut codec = FrameCodec::new();
     let mut buf = BytesMut::from(bytes);
     let mut frames = Vec::new();
-    let mut offset = 0;
     loop {
-        let before = buf.len();
-        let frame = codec
-            .decode(&mut buf)
-            .unwrap_or_else(|e| panic!("{what}: frame {} at byte {offset}: {e}", frames.len()));
+        let (offset, count) = (bytes.len() - buf.len(), frames.len());
+        let frame = codec.decode(&mut buf);
+        let frame = frame.unwrap_or_else(|e| panic!("{what}: frame {count} at byte {offset}: {e}"));
         let Some(frame) = frame else {
             break;
         };
-        let used = before - buf.len();
-        frames.push(Captured {
-            frame,
-            wire: Bytes::copy_from_slice(&bytes[offset..offset + used]),
-        });
-        offset += used;
+        let wire = Bytes::copy_from_slice(&bytes[offset..bytes.len() - buf.len()]);
+        frames.push(Captured { frame, wire });
     }
     assert!(
         buf.is_empty(),
@@ -376,31 +265,21 @@ fn decode_capture(bytes: &[u8], what: &str) -> Vec<Captured> {
         buf.len(),
         frames.len()
     );
-    assert!(
-        codec
-            .decode_eof(&mut buf)
-            .unwrap_or_else(|e| panic!("{what}: ends inside a frame: {e}"))
-            .is_none(),
-        "{what}: a frame out of nothing at the end"
-    );
+    let end = codec.decode_eof(&mut buf);
+    let end = end.unwrap_or_else(|e| panic!("{what}: ends inside a frame: {e}"));
+    assert!(end.is_none(), "{what}: a frame out of nothing at the end");
     frames
 }
 
-fn load_scenario(dir: &Path, name: &str) -> Scenario {
-    let read = |file: &str| {
-        let path = dir.join("sessions").join(name).join(file);
-        fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-    };
-    Scenario {
-        client_to_server: decode_capture(
-            &read("client_to_server.bin"),
-            &format!("{name}/client_to_server.bin"),
-        ),
-        server_to_client: decode_capture(
-            &read("server_to_client.bin"),
-            &format!("{name}/server_to_client.bin"),
-        ),
-    }
+const DIRECTIONS: [&str; 2] = ["client_to_server", "server_to_client"];
+
+/// Both directions of one recorded Go session: what the client wrote, what the server wrote.
+fn load_scenario(dir: &Path, name: &str) -> [Vec<Captured>; 2] {
+    DIRECTIONS.map(|direction| {
+        let file = format!("{direction}.bin");
+        let path = dir.join("sessions").join(name).join(&file);
+        decode_capture(&read(&path), &format!("{name}/{file}"))
+    })
 }
 
 /// A frame as `frames.txt` lists it: `Data id=0 len=12`.
@@ -420,320 +299,354 @@ fn listed_frames(text: &str, direction: &str) -> Vec<String> {
         .collect()
 }
 
-/// Frames with their payloads, for comparing what two sides wrote.
-fn details(frames: impl IntoIterator<Item = Frame>) -> Vec<(String, Bytes)> {
-    frames
-        .into_iter()
-        .map(|frame| (shape(&frame), frame.payload))
-        .collect()
-}
-
-/// The frames that say what happened, without the WindowUpdates and Keepalives whose number
-/// and place depend on timing.
-fn without_credit(frames: &[Frame]) -> Vec<(String, Bytes)> {
-    details(
-        frames
-            .iter()
-            .filter(|f| !matches!(f.header.kind, Kind::WindowUpdate | Kind::Keepalive))
-            .cloned(),
-    )
-}
-
-fn frames_of(captured: &[Captured]) -> Vec<Frame> {
-    captured.iter().map(|c| c.frame.clone()).collect()
-}
-
-/// The index of the first captured frame of `kind` on stream `id`.
-fn position(captured: &[Captured], kind: Kind, id: u32) -> usize {
-    captured
-        .iter()
-        .position(|c| c.frame.header.kind == kind && c.frame.header.id == id)
-        .unwrap_or_else(|| panic!("the capture has no {kind:?} on stream {id}"))
-}
-
 #[test]
 fn go_session_captures_decode_frame_by_frame_as_listed() {
     let Some(dir) = vectors_dir() else {
         return;
     };
     let sessions = dir.join("sessions");
-    let mut names: Vec<String> = fs::read_dir(&sessions)
-        .unwrap_or_else(|e| panic!("listing {}: {e}", sessions.display()))
-        .map(|entry| {
-            entry
-                .expect("a directory entry")
-                .file_name()
-                .into_string()
-                .expect("a UTF-8 scenario name")
-        })
+    let entries = fs::read_dir(&sessions);
+    let entries = entries.unwrap_or_else(|e| panic!("listing {}: {e}", sessions.display()));
+    let mut names: Vec<String> = entries
+        .map(|entry| entry.expect("a directory entry").file_name())
+        .map(|name| name.into_string().expect("a UTF-8 scenario name"))
         .collect();
     names.sort();
     assert!(!names.is_empty(), "no captured sessions");
     for name in names {
-        let scenario = load_scenario(&dir, &name);
-        let path = sessions.join(&name).join("frames.txt");
-        let text =
-            fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        for (direction, captured) in [
-            ("client_to_server", &scenario.client_to_server),
-            ("server_to_client", &scenario.server_to_client),
-        ] {
+        let text = read_text(&sessions.join(&name).join("frames.txt"));
+        for (direction, captured) in DIRECTIONS.into_iter().zip(load_scenario(&dir, &name)) {
             let decoded: Vec<String> = captured.iter().map(|c| shape(&c.frame)).collect();
-            assert_eq!(
-                decoded,
-                listed_frames(&text, direction),
-                "{name}/{direction}.bin against frames.txt"
-            );
+            let listed = listed_frames(&text, direction);
+            assert_eq!(decoded, listed, "{name}/{direction}.bin against frames.txt");
         }
     }
 }
 
 // ------------------------------------------------------------------------------------------
-// The raw peer: replays a Go side's bytes into our session and watches what our session writes.
+// The replay driver: replays a Go side's bytes into our session and watches what ours writes.
 
-/// What our session has written to the raw peer so far.
+/// What our session has written to the raw end of the connection so far.
 #[derive(Debug, Clone, Default)]
 struct Observed {
     frames: Vec<Frame>,
-    /// WindowUpdate credit per stream.
-    credit: HashMap<u32, u64>,
-    /// Data bytes per stream.
-    data: HashMap<u32, u64>,
     /// What was wrong with the output, if anything: bytes that are no frame, or data beyond
-    /// the credit the raw peer had granted.
+    /// the credit the raw end had granted.
     invalid: Option<String>,
     /// Our session closed its end of the connection cleanly, between frames.
     eof: bool,
 }
 
 impl Observed {
-    fn credit_on(&self, id: u32) -> u64 {
-        self.credit.get(&id).copied().unwrap_or(0)
-    }
-
-    fn data_on(&self, id: u32) -> u64 {
-        self.data.get(&id).copied().unwrap_or(0)
+    fn on(&self, kind: Kind, id: u32) -> impl Iterator<Item = &Frame> {
+        let matches = move |f: &&Frame| f.header.kind == kind && f.header.id == id;
+        self.frames.iter().filter(matches)
     }
 
     fn sent(&self, kind: Kind, id: u32) -> bool {
-        self.frames
-            .iter()
-            .any(|f| f.header.kind == kind && f.header.id == id)
+        self.on(kind, id).next().is_some()
     }
 
-    fn payload_on(&self, id: u32) -> Vec<u8> {
-        self.frames
-            .iter()
-            .filter(|f| f.header.kind == Kind::Data && f.header.id == id)
-            .flat_map(|f| f.payload.iter().copied())
-            .collect()
-    }
-
-    fn shapes(&self) -> Vec<String> {
-        self.frames.iter().map(shape).collect()
-    }
-
-    fn assert_valid(&self) {
-        assert!(
-            self.invalid.is_none(),
-            "our session wrote invalid output: {}",
-            self.invalid.as_deref().unwrap_or_default()
-        );
-        assert!(self.eof, "our session's output did not end cleanly");
+    /// The length fields of the `kind` frames on stream `id` added up: data bytes or credit.
+    fn total(&self, kind: Kind, id: u32) -> u64 {
+        self.on(kind, id).map(|f| u64::from(f.header.length)).sum()
     }
 }
 
-/// Credit the raw peer has granted our session, per stream (recorded before it is sent).
-type Granted = Arc<Mutex<HashMap<u32, u64>>>;
+/// Length fields added up per kind and stream, as `Observed::total` does, for what the raw end
+/// wrote; shared with the observer. A frame is counted before it is sent, so the observer never
+/// sees our session answer a frame not counted yet.
+type Tally = Arc<Mutex<HashMap<(Kind, u32), u64>>>;
 
-fn granted_on(granted: &Granted, id: u32) -> u64 {
-    granted
-        .lock()
-        .expect("the credit table is never poisoned")
-        .get(&id)
-        .copied()
-        .unwrap_or(0)
+fn tally(tally: &Tally, kind: Kind, id: u32) -> u64 {
+    let tally = tally.lock().expect("the tally is never poisoned");
+    tally.get(&(kind, id)).copied().unwrap_or(0)
 }
 
-/// Reads our session's output until it closes the connection, decoding and recording frames.
-async fn observe(
-    mut reader: ReadHalf<DuplexStream>,
-    seen: watch::Sender<Observed>,
-    granted: Granted,
-) -> Observed {
-    let mut codec = FrameCodec::new();
-    let mut buf = BytesMut::with_capacity(64 * 1024);
-    let record = |frame: Frame| {
-        let limit = u64::from(INITIAL_WINDOW) + granted_on(&granted, frame.header.id);
-        seen.send_modify(|seen| {
-            let Header { id, length, kind } = frame.header;
-            match kind {
-                Kind::Data => {
-                    let total = seen.data_on(id) + u64::from(length);
-                    if total > limit && seen.invalid.is_none() {
-                        seen.invalid = Some(format!(
-                            "{total} data bytes on stream {id} with only {limit} bytes of credit"
-                        ));
-                    }
-                    seen.data.insert(id, total);
-                }
-                Kind::WindowUpdate => *seen.credit.entry(id).or_default() += u64::from(length),
-                _ => {}
-            }
-            seen.frames.push(frame);
-        });
-    };
-    let fail = |why: String| seen.send_modify(|seen| seen.invalid = Some(why));
-    loop {
-        match reader.read_buf(&mut buf).await {
-            Ok(0) => {
-                match codec.decode_eof(&mut buf) {
-                    Ok(None) => seen.send_modify(|seen| seen.eof = true),
-                    Ok(Some(frame)) => record(frame),
-                    Err(e) => fail(format!("the output ends inside a frame: {e}")),
-                }
-                break;
-            }
-            Ok(_) => loop {
-                match codec.decode(&mut buf) {
-                    Ok(Some(frame)) => record(frame),
-                    Ok(None) => break,
-                    Err(e) => {
-                        fail(format!("the output is not a valid frame: {e}"));
-                        return seen.borrow().clone();
-                    }
-                }
-            },
+/// What a frame of `kind` waits for from the other side before it may be sent, and how much it
+/// may be sent without: Data waits for credit beyond the initial window, a WindowUpdate for the
+/// data it pays for.
+fn paced_by(kind: Kind) -> Option<(Kind, u64)> {
+    match kind {
+        Kind::Data => Some((Kind::WindowUpdate, u64::from(INITIAL_WINDOW))),
+        Kind::WindowUpdate => Some((Kind::Data, 0)),
+        _ => None,
+    }
+}
+
+/// Reads our session's output until it closes the connection, recording its frames and
+/// checking that its Data stays within the credit the raw end granted.
+async fn observe(reader: ReadHalf<DuplexStream>, seen: watch::Sender<Observed>, raw: Tally) {
+    let mut frames = FramedRead::new(reader, FrameCodec::new());
+    while let Some(frame) = frames.next().await {
+        let frame = match frame {
+            Ok(frame) => frame,
             Err(e) => {
-                fail(format!("reading our session's output failed: {e}"));
-                break;
+                let why = format!("our session's output is not valid frames: {e}");
+                seen.send_modify(|seen| seen.invalid = Some(why));
+                return;
             }
-        }
+        };
+        let Header { id, kind, .. } = frame.header;
+        let limit = u64::from(INITIAL_WINDOW) + tally(&raw, Kind::WindowUpdate, id);
+        seen.send_modify(|seen| {
+            seen.frames.push(frame);
+            let total = seen.total(Kind::Data, id);
+            if kind == Kind::Data && total > limit && seen.invalid.is_none() {
+                let why = format!("{total} data bytes on stream {id}, credit for {limit}");
+                seen.invalid = Some(why);
+            }
+        });
     }
-    let observed = seen.borrow().clone();
-    observed
+    seen.send_modify(|seen| seen.eof = true);
 }
 
-/// The far end of our session's connection, standing in for the recorded Go peer.
-struct RawPeer {
+/// Where the Go peer waited for an answer from the side we stand in for.
+struct Pause {
+    /// Its first frame of this kind on this stream waited (`None`: its very first frame)...
+    before: Option<(Kind, u32)>,
+    /// ...until our side had sent a frame of this kind on this stream.
+    until_ours: (Kind, u32),
+}
+
+type Replayed = Result<(), String>;
+
+/// One recorded scenario replayed into our session of one role, through the raw end of an
+/// in-memory connection that stands in for the Go peer.
+struct Replay {
+    session: Session,
+    /// Our side and the Go peer's, for messages.
+    names: [&'static str; 2],
+    /// What the Go peer wrote: the raw end replays it.
+    theirs: Vec<Captured>,
+    /// What the Go side in our role wrote: what our session should write.
+    go: Vec<Frame>,
     writer: WriteHalf<DuplexStream>,
     seen: watch::Receiver<Observed>,
-    observer: JoinHandle<Observed>,
-    granted: Granted,
-    /// Data bytes sent per stream.
-    sent: HashMap<u32, u64>,
+    observer: JoinHandle<()>,
+    raw: Tally,
 }
 
-impl RawPeer {
-    fn start(raw: DuplexStream) -> RawPeer {
+impl Replay {
+    /// Loads capture `name` and connects a session of `role` to the raw end; `None`, after the
+    /// notice, when the vectors are absent.
+    fn start(name: &str, role: Role) -> Option<Replay> {
+        let [mut go, mut theirs] = load_scenario(&vectors_dir()?, name);
+        let mut names = ["client", "server"];
+        if role == Role::Server {
+            std::mem::swap(&mut go, &mut theirs);
+            names.swap(0, 1);
+        }
+        let (ours, raw) = tokio::io::duplex(DUPLEX_BUF);
+        let session = Session::with_config(ours, role, Config::default());
         let (reader, writer) = tokio::io::split(raw);
         let (tx, seen) = watch::channel(Observed::default());
-        let granted = Granted::default();
-        let observer = tokio::spawn(observe(reader, tx, Arc::clone(&granted)));
-        RawPeer {
+        let raw = Tally::default();
+        let observer = tokio::spawn(observe(reader, tx, Arc::clone(&raw)));
+        let go = go.into_iter().map(|c| c.frame).collect();
+        Some(Replay {
+            session,
+            names,
+            theirs,
+            go,
             writer,
             seen,
             observer,
-            granted,
-            sent: HashMap::new(),
-        }
+            raw,
+        })
     }
 
     /// Waits until what our session wrote satisfies `ready`.
-    async fn wait_until(
-        &mut self,
-        what: &str,
-        ready: impl FnMut(&Observed) -> bool,
-    ) -> Result<(), String> {
+    async fn wait_until(&mut self, what: &str, ready: impl FnMut(&Observed) -> bool) -> Replayed {
         let outcome = match tokio::time::timeout(LIMIT, self.seen.wait_for(ready)).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(_)) => "our session's output ended",
             Err(_) => "timed out",
         };
         let seen = self.seen.borrow();
+        let shapes: Vec<String> = seen.frames.iter().map(shape).collect();
+        let invalid = seen.invalid.as_ref();
+        let invalid = invalid
+            .map(|why| format!(" (invalid: {why})"))
+            .unwrap_or_default();
         Err(format!(
-            "{outcome} while waiting for {what}; our session wrote {:?}{}",
-            seen.shapes(),
-            seen.invalid
-                .as_ref()
-                .map(|why| format!(" (invalid: {why})"))
-                .unwrap_or_default()
+            "{outcome} waiting for {what}; ours wrote {shapes:?}{invalid}"
         ))
     }
 
-    /// Writes the captured frames in order, each one only once the Go peer could have sent it:
-    /// Data within the credit our session granted, a WindowUpdate once our session sent the
-    /// data it pays for.
-    async fn replay(&mut self, captured: &[Captured]) -> Result<(), String> {
-        for frame in captured {
-            let Header { id, length, kind } = frame.frame.header;
-            let length = u64::from(length);
-            match kind {
-                Kind::Data => {
-                    let total = self.sent.get(&id).copied().unwrap_or(0) + length;
-                    let what = format!("credit for {total} bytes in all on stream {id}");
-                    self.wait_until(&what, |seen| {
-                        u64::from(INITIAL_WINDOW) + seen.credit_on(id) >= total
-                    })
-                    .await?;
-                    self.sent.insert(id, total);
-                }
-                Kind::WindowUpdate => {
-                    let total = granted_on(&self.granted, id) + length;
-                    let what = format!("{total} data bytes in all on stream {id}");
-                    self.wait_until(&what, |seen| seen.data_on(id) >= total)
-                        .await?;
-                    self.granted
-                        .lock()
-                        .expect("the credit table is never poisoned")
-                        .insert(id, total);
-                }
-                _ => {}
+    /// Writes the Go peer's frames `range` in order, each one only once the Go peer could have
+    /// sent it (see `paced_by`).
+    async fn send(&mut self, range: Range<usize>) -> Replayed {
+        for i in range {
+            let Header { id, length, kind } = self.theirs[i].frame.header;
+            if let Some((by, allowance)) = paced_by(kind) {
+                let total = tally(&self.raw, kind, id) + u64::from(length);
+                let what = format!("our {by:?}s on stream {id} to allow {total} of {kind:?}");
+                let ready = |seen: &Observed| allowance + seen.total(by, id) >= total;
+                self.wait_until(&what, ready).await?;
+                let mut raw = self.raw.lock().expect("the tally is never poisoned");
+                raw.insert((kind, id), total);
             }
-            match tokio::time::timeout(LIMIT, self.writer.write_all(&frame.wire)).await {
+            let shape = shape(&self.theirs[i].frame);
+            let write = self.writer.write_all(&self.theirs[i].wire);
+            match tokio::time::timeout(LIMIT, write).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    return Err(format!(
-                        "writing {} to our session failed: {e}",
-                        shape(&frame.frame)
-                    ))
-                }
-                Err(_) => return Err(format!("timed out writing {}", shape(&frame.frame))),
+                Ok(Err(e)) => return Err(format!("writing {shape} to our session failed: {e}")),
+                Err(_) => return Err(format!("timed out writing {shape}")),
             }
         }
         Ok(())
     }
 
-    /// Waits until our session has closed its end of the connection; returns all it wrote.
-    async fn finish(self) -> Observed {
-        let RawPeer {
-            writer, observer, ..
-        } = self;
-        let observed = within("our session to close the connection", observer)
-            .await
-            .expect("the observer task panicked");
-        drop(writer);
-        observed
+    /// Replays all the Go peer wrote, holding back where it waited for our side.
+    async fn replay(&mut self, pause: Option<Pause>) -> Replayed {
+        let all = self.theirs.len();
+        let Some(pause) = pause else {
+            return self.send(0..all).await;
+        };
+        let split = pause.before.map_or(0, |(kind, id)| {
+            let mut headers = self.theirs.iter().map(|c| c.frame.header);
+            let at = headers.position(|h| h.kind == kind && h.id == id);
+            at.unwrap_or_else(|| panic!("the capture has no {kind:?} on stream {id}"))
+        });
+        self.send(0..split).await?;
+        let (kind, id) = pause.until_ours;
+        let what = format!("our {kind:?} on stream {id}");
+        self.wait_until(&what, |seen| seen.sent(kind, id)).await?;
+        self.send(split..all).await
+    }
+
+    /// Ends the session as the Go pair did. Where the Go peer sent the CloseMux, ours must have
+    /// ended by it. Otherwise the Go side in our role closed the session, and ours does so now:
+    /// only after the replay, whose last writes would otherwise fail for reasons of the test's
+    /// timing alone.
+    async fn end(&self) {
+        let mut theirs = self.theirs.iter();
+        let by_peer = theirs.any(|c| c.frame.header.kind == Kind::CloseMux);
+        if !by_peer {
+            must("closing the session gracefully", self.session.close()).await;
+        }
+        let reason = within("the session to end", self.session.closed()).await;
+        let expected = match (by_peer, &reason) {
+            (true, Error::ClosedByPeer) | (false, Error::ClosedLocally) => return,
+            (true, _) => "ClosedByPeer after the Go peer's CloseMux",
+            (false, _) => "ClosedLocally",
+        };
+        panic!("the session ended with {reason:?}, expected {expected}");
+    }
+
+    /// Waits until our session has closed its end of the connection; checks what it wrote was
+    /// valid frames, within the credit granted, ending cleanly.
+    async fn finish(self) -> Outcome {
+        let observer = within("our session to close the connection", self.observer);
+        observer.await.expect("the observer task panicked");
+        drop(self.writer);
+        let observed = self.seen.borrow().clone();
+        let invalid = observed.invalid.as_deref();
+        let why = invalid.unwrap_or_default();
+        assert!(invalid.is_none(), "our session wrote invalid output: {why}");
+        assert!(observed.eof, "our session's output did not end cleanly");
+        let ours = self.names[0];
+        Outcome {
+            ours,
+            observed,
+            go: self.go,
+        }
+    }
+
+    /// Runs `app` on our session while the Go peer's bytes are replayed, then ends the session
+    /// and checks what ours wrote.
+    async fn run<F>(mut self, pause: Option<Pause>, app: impl FnOnce(Session) -> F) -> Outcome
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let app = tokio::spawn(app(self.session.clone()));
+        let replayed = self.replay(pause).await;
+        // A failing application usually stalls the replay too; its own panic says more.
+        let app = within("the application", app).await;
+        app.expect("the application task panicked");
+        let peer = self.names[1];
+        replayed.unwrap_or_else(|e| panic!("replaying the Go {peer}'s bytes: {e}"));
+        self.end().await;
+        self.finish().await
     }
 }
 
-/// Our session of `role` on one end of an in-memory connection, the raw peer on the other.
-fn connect(role: gomux::Role) -> (Session, RawPeer) {
-    let (ours, raw) = tokio::io::duplex(DUPLEX_BUF);
-    let session = match role {
-        gomux::Role::Client => Session::client(ours),
-        gomux::Role::Server => Session::server(ours),
-    };
-    (session, RawPeer::start(raw))
+/// What our session wrote in a replay, beside what the Go side in its role wrote.
+struct Outcome {
+    ours: &'static str,
+    observed: Observed,
+    go: Vec<Frame>,
 }
 
-async fn assert_closed_by_peer(session: &Session) {
-    let reason = within("the session to end", session.closed()).await;
-    assert!(
-        matches!(reason, Error::ClosedByPeer),
-        "the session ended with {reason:?}, expected ClosedByPeer after the Go peer's CloseMux"
-    );
+impl Outcome {
+    /// Our frames and the Go side's must look the same through `view`.
+    fn assert_wrote_what_go_wrote<T: PartialEq + Debug>(&self, view: impl Fn(&[Frame]) -> T) {
+        let (ours, go, side) = (view(&self.observed.frames), view(&self.go), self.ours);
+        assert_eq!(
+            ours, go,
+            "what our {side} wrote against what the Go {side} wrote"
+        );
+    }
 }
+
+/// Frames as (shape, payload), for comparing what two sides wrote.
+fn details<'a>(frames: impl Iterator<Item = &'a Frame>) -> Vec<(String, Bytes)> {
+    frames.map(|f| (shape(f), f.payload.clone())).collect()
+}
+
+/// The frames, whatever order timing gave them.
+fn in_any_order(frames: &[Frame]) -> Vec<(String, Bytes)> {
+    let mut details = details(frames.iter());
+    details.sort();
+    details
+}
+
+/// The frames but for the WindowUpdates and Keepalives whose number and place depend on timing.
+fn without_credit(frames: &[Frame]) -> Vec<(String, Bytes)> {
+    let timed = |f: &&Frame| matches!(f.header.kind, Kind::WindowUpdate | Kind::Keepalive);
+    details(frames.iter().filter(|f| !timed(f)))
+}
+
+/// Opens a stream of ours, which must get the id the Go side in our role got.
+async fn open(session: &Session, id: u32) -> Stream {
+    let stream = must("opening a stream", session.open()).await;
+    assert_eq!(stream.id(), id, "id of the stream we opened");
+    stream
+}
+
+/// Accepts the next stream the Go peer opened, which must be stream `id`.
+async fn accept(session: &Session, id: u32) -> Stream {
+    let stream = must(format!("accepting stream {id}"), session.accept()).await;
+    assert_eq!(stream.id(), id, "id of the Go peer's stream");
+    stream
+}
+
+// ------------------------------------------------------------------------------------------
+// What the Go applications sent.
+
+/// The (request, reply) pairs of `echo` and `four_streams`. The client opens a stream per
+/// request (client ids are even: 0, 2, ...), writes it, reads the reply and closes the stream;
+/// the server reads the request, replies and reads on to end-of-stream.
+type Request = (&'static str, &'static str);
+type Requests = &'static [Request];
+const ECHO: Requests = &[("hello, world", "hello, world")];
+const FOUR_STREAMS: Requests = &[
+    ("stream number 0", "STREAM NUMBER 0"),
+    ("stream number 1", "STREAM NUMBER 1"),
+    ("stream number 2", "STREAM NUMBER 2"),
+    ("stream number 3", "STREAM NUMBER 3"),
+];
+
+fn with_ids(requests: Requests) -> impl Iterator<Item = (u32, &'static Request)> {
+    (0u32..).step_by(2).zip(requests)
+}
+
+/// `server_opens`: the server's streams and what it wrote on each before closing it.
+const SERVER_OPENS: [(u32, &str); 2] = [(1, "from server 0"), (3, "from server 1")];
+
+/// `half_close`: the server's reply to the client's 1000 bytes.
+const HALF_CLOSE_REPLY: &str = "got 1000 bytes";
 
 /// Byte `i` of the half_close payload.
 fn half_close_payload() -> Vec<u8> {
@@ -749,536 +662,242 @@ fn bulk_payload() -> Vec<u8> {
 
 fn assert_bulk(received: &[u8]) {
     assert_eq!(received.len(), BULK_LEN, "bulk bytes received");
-    let wrong = received
-        .iter()
-        .enumerate()
-        .find(|(i, byte)| **byte != (i % 251) as u8);
+    let mut bytes = received.iter().enumerate();
+    let wrong = bytes.find(|(i, byte)| **byte != (i % 251) as u8);
     assert!(wrong.is_none(), "bulk byte (index, value) wrong: {wrong:?}");
 }
 
 // ------------------------------------------------------------------------------------------
 // Replays into a server-role session (the Go client's bytes).
 
-#[tokio::test]
-async fn server_echoes_the_go_client_and_returns_the_credit_it_consumed() {
-    let Some(dir) = vectors_dir() else {
+/// Serves the requests of scenario `name`; every byte read must be paid back in credit.
+async fn serve_requests(name: &str, requests: Requests) {
+    let Some(replay) = Replay::start(name, Role::Server) else {
         return;
     };
-    let scenario = load_scenario(&dir, "echo");
-    let (session, mut peer) = connect(gomux::Role::Server);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("the Go client's stream", session.accept())
-                .await
-                .expect("accepting the Go client's stream");
-            assert_eq!(stream.id(), 0, "the Go client's first stream id");
-            let mut text = [0u8; 12];
-            within("reading the request", stream.read_exact(&mut text))
-                .await
-                .expect("reading the request");
-            assert_eq!(&text, b"hello, world");
-            within("writing the echo", stream.write_all(&text))
-                .await
-                .expect("writing the echo");
+    let app = move |session: Session| async move {
+        for (id, (request, reply)) in with_ids(requests) {
+            let mut stream = accept(&session, id).await;
+            let mut got = vec![0u8; request.len()];
+            must("reading the request", stream.read_exact(&mut got)).await;
+            assert_eq!(got, request.as_bytes(), "the request on stream {id}");
+            let write = stream.write_all(reply.as_bytes());
+            must("writing the reply", write).await;
             let mut rest = Vec::new();
-            within("end-of-stream", stream.read_to_end(&mut rest))
-                .await
-                .expect("reading to end-of-stream after the Go client's CloseStream");
-            assert!(rest.is_empty(), "unexpected bytes after the request");
+            let to_end = stream.read_to_end(&mut rest);
+            must("end-of-stream after the Go client's CloseStream", to_end).await;
+            assert!(
+                rest.is_empty(),
+                "unexpected bytes after the request on {id}"
+            );
         }
-    });
-    let replayed = peer.replay(&scenario.client_to_server).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go client's bytes");
-    assert_closed_by_peer(&session).await;
+    };
+    let outcome = replay.run(None, app).await;
+    for (id, (request, _)) in with_ids(requests) {
+        let credit = outcome.observed.total(Kind::WindowUpdate, id);
+        assert!(
+            credit >= request.len() as u64,
+            "credit returned on stream {id} is {credit}, less than the {} bytes read",
+            request.len()
+        );
+    }
+    outcome.assert_wrote_what_go_wrote(in_any_order);
+}
 
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert!(
-        observed.credit_on(0) >= 12,
-        "credit returned on stream 0 is {}, less than the 12 bytes the application read",
-        observed.credit_on(0)
-    );
-    // The Go server wrote the same frames; only their order is a matter of timing.
-    let mut ours = details(observed.frames.clone());
-    let mut go = details(frames_of(&scenario.server_to_client));
-    ours.sort();
-    go.sort();
-    assert_eq!(
-        ours, go,
-        "what our server wrote against what the Go server wrote"
-    );
+#[tokio::test]
+async fn server_echoes_the_go_client_and_returns_the_credit_it_consumed() {
+    serve_requests("echo", ECHO).await;
 }
 
 #[tokio::test]
 async fn server_serves_the_four_streams_the_go_client_opens_in_turn() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
-    let scenario = load_scenario(&dir, "four_streams");
-    let (session, mut peer) = connect(gomux::Role::Server);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            for n in 0..4u32 {
-                let mut stream = within(format!("stream {}", 2 * n), session.accept())
-                    .await
-                    .expect("accepting the Go client's stream");
-                assert_eq!(stream.id(), 2 * n, "id of the Go client's stream {n}");
-                let mut text = [0u8; 15];
-                within("reading the request", stream.read_exact(&mut text))
-                    .await
-                    .expect("reading the request");
-                assert_eq!(text, format!("stream number {n}").as_bytes());
-                within(
-                    "writing the reply",
-                    stream.write_all(&text.to_ascii_uppercase()),
-                )
-                .await
-                .expect("writing the reply");
-                let mut rest = Vec::new();
-                within("end-of-stream", stream.read_to_end(&mut rest))
-                    .await
-                    .expect("reading to end-of-stream after the Go client's CloseStream");
-                assert!(rest.is_empty(), "unexpected bytes after request {n}");
-            }
-        }
-    });
-    let replayed = peer.replay(&scenario.client_to_server).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go client's bytes");
-    assert_closed_by_peer(&session).await;
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    for id in [0, 2, 4, 6] {
-        assert!(
-            observed.credit_on(id) >= 15,
-            "credit returned on stream {id} is {}, less than the 15 bytes read",
-            observed.credit_on(id)
-        );
-    }
-    let mut ours = details(observed.frames.clone());
-    let mut go = details(frames_of(&scenario.server_to_client));
-    ours.sort();
-    go.sort();
-    assert_eq!(
-        ours, go,
-        "what our server wrote against what the Go server wrote"
-    );
+    serve_requests("four_streams", FOUR_STREAMS).await;
 }
 
 #[tokio::test]
 async fn server_reads_1000_bytes_then_end_of_stream_after_the_go_clients_half_close() {
-    let Some(dir) = vectors_dir() else {
+    let Some(replay) = Replay::start("half_close", Role::Server) else {
         return;
     };
-    let scenario = load_scenario(&dir, "half_close");
-    let (session, mut peer) = connect(gomux::Role::Server);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("the Go client's stream", session.accept())
-                .await
-                .expect("accepting the Go client's stream");
-            assert_eq!(stream.id(), 0);
-            let mut received = Vec::new();
-            within("end-of-stream", stream.read_to_end(&mut received))
-                .await
-                .expect("reading to end-of-stream");
-            assert!(
-                received == half_close_payload(),
-                "received {} bytes, expected the 1000-byte pattern",
-                received.len()
-            );
-            within("writing the reply", stream.write_all(b"got 1000 bytes"))
-                .await
-                .expect("writing the reply after the peer's half-close");
-            within("closing the stream", stream.close())
-                .await
-                .expect("closing the stream");
-        }
-    });
     // The Go client closed the session only after reading the reply to end-of-stream.
-    let close_mux = position(&scenario.client_to_server, Kind::CloseMux, 0);
-    let replayed = async {
-        peer.replay(&scenario.client_to_server[..close_mux]).await?;
-        peer.wait_until("our CloseStream on stream 0", |seen| {
-            seen.sent(Kind::CloseStream, 0)
-        })
-        .await?;
-        peer.replay(&scenario.client_to_server[close_mux..]).await
-    }
-    .await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go client's bytes");
-    assert_closed_by_peer(&session).await;
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_eq!(
-        without_credit(&observed.frames),
-        without_credit(&frames_of(&scenario.server_to_client)),
-        "what our server wrote against what the Go server wrote"
-    );
+    let pause = Pause {
+        before: Some((Kind::CloseMux, 0)),
+        until_ours: (Kind::CloseStream, 0),
+    };
+    let app = |session: Session| async move {
+        let mut stream = accept(&session, 0).await;
+        let mut received = Vec::new();
+        let to_end = stream.read_to_end(&mut received);
+        must("reading to end-of-stream", to_end).await;
+        assert!(
+            received == half_close_payload(),
+            "received {} bytes, expected the 1000-byte pattern",
+            received.len()
+        );
+        let write = stream.write_all(HALF_CLOSE_REPLY.as_bytes());
+        must("writing the reply", write).await;
+        must("closing the stream", stream.close()).await;
+    };
+    let outcome = replay.run(Some(pause), app).await;
+    outcome.assert_wrote_what_go_wrote(without_credit);
 }
 
 #[tokio::test]
 async fn server_receives_200000_bytes_from_the_go_client_paced_by_the_credit_it_returns() {
-    let Some(dir) = vectors_dir() else {
+    let Some(replay) = Replay::start("bulk_200k", Role::Server) else {
         return;
     };
-    let scenario = load_scenario(&dir, "bulk_200k");
-    let (session, mut peer) = connect(gomux::Role::Server);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("the Go client's stream", session.accept())
-                .await
-                .expect("accepting the Go client's stream");
-            assert_eq!(stream.id(), 0);
-            // Reads of at most 10000 bytes, as the Go server did.
-            let mut received = Vec::with_capacity(BULK_LEN);
-            let mut chunk = vec![0u8; 10_000];
-            loop {
-                let n = within("bulk data", stream.read(&mut chunk))
-                    .await
-                    .expect("reading bulk data");
-                if n == 0 {
-                    break;
-                }
-                received.extend_from_slice(&chunk[..n]);
+    let app = |session: Session| async move {
+        let mut stream = accept(&session, 0).await;
+        // Reads of at most 10000 bytes, as the Go server did.
+        let mut received = Vec::with_capacity(BULK_LEN);
+        let mut chunk = vec![0u8; 10_000];
+        loop {
+            let n = must("reading bulk data", stream.read(&mut chunk)).await;
+            if n == 0 {
+                break;
             }
-            assert_bulk(&received);
-            // The Go server left its stream open until the session ended; dropping ours now
-            // would send a CloseStream or not depending on whether the Go client's own had
-            // arrived yet.
-            within("the session to end", session.closed()).await;
-            drop(stream);
+            received.extend_from_slice(&chunk[..n]);
         }
-    });
-    let replayed = peer.replay(&scenario.client_to_server).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go client's bytes");
-    assert_closed_by_peer(&session).await;
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
+        assert_bulk(&received);
+        // The Go server left its stream open until the session ended; dropping ours now would
+        // send a CloseStream or not depending on whether the Go client's own had arrived yet.
+        within("the session to end", session.closed()).await;
+        drop(stream);
+    };
+    let frames = replay.run(None, app).await.observed.frames;
+    let update_on_0 = |f: &Frame| f.header.kind == Kind::WindowUpdate && f.header.id == 0;
     assert!(
-        observed
-            .frames
-            .iter()
-            .all(|f| f.header.kind == Kind::WindowUpdate && f.header.id == 0),
+        frames.iter().all(update_on_0),
         "the Go server wrote only WindowUpdates on stream 0; ours wrote {:?}",
-        observed.shapes()
+        frames.iter().map(shape).collect::<Vec<_>>()
     );
 }
 
 #[tokio::test]
 async fn server_opening_two_streams_writes_what_the_go_server_wrote() {
-    let Some(dir) = vectors_dir() else {
+    let Some(replay) = Replay::start("server_opens", Role::Server) else {
         return;
     };
-    let scenario = load_scenario(&dir, "server_opens");
-    let (session, mut peer) = connect(gomux::Role::Server);
-    // The Go client's WindowUpdate left before the Go server closed the session; closing ours
-    // first would make that write fail for reasons of the test's timing alone.
-    let (replay_done, replay_finished) = tokio::sync::oneshot::channel::<()>();
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            for n in 0..2u32 {
-                let mut stream = within("opening a stream", session.open())
-                    .await
-                    .expect("opening a stream");
-                assert_eq!(stream.id(), 2 * n + 1, "server stream ids are odd");
-                within(
-                    "writing",
-                    stream.write_all(format!("from server {n}").as_bytes()),
-                )
-                .await
-                .expect("writing");
-                within("closing the stream", stream.close())
-                    .await
-                    .expect("closing the stream");
-            }
-            within("the replay", replay_finished)
-                .await
-                .expect("the replay ends before the session is closed");
-            within("closing the session", session.close())
-                .await
-                .expect("closing the session gracefully");
+    // Server stream ids are odd. The Go server closed the session last; `run` does so for ours.
+    let app = |session: Session| async move {
+        for (id, text) in SERVER_OPENS {
+            let mut stream = open(&session, id).await;
+            must("writing", stream.write_all(text.as_bytes())).await;
+            must("closing the stream", stream.close()).await;
         }
-    });
-    let replayed = peer.replay(&scenario.client_to_server).await;
-    // An application that already failed has dropped the receiver; its panic is reported next.
-    let _ = replay_done.send(());
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go client's bytes");
-    let reason = within("the session to end", session.closed()).await;
-    assert!(
-        matches!(reason, Error::ClosedLocally),
-        "the session ended with {reason:?}, expected ClosedLocally"
-    );
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_eq!(
-        without_credit(&observed.frames),
-        without_credit(&frames_of(&scenario.server_to_client)),
-        "what our server wrote against what the Go server wrote"
-    );
+    };
+    let outcome = replay.run(None, app).await;
+    outcome.assert_wrote_what_go_wrote(without_credit);
 }
 
 // ------------------------------------------------------------------------------------------
 // Replays into a client-role session (the Go server's bytes).
 
-#[tokio::test]
-async fn client_keeps_the_go_servers_streams_readable_after_its_close_mux() {
-    let Some(dir) = vectors_dir() else {
+/// Makes the requests of scenario `name`. The capture's frames on each stream need the stream
+/// to exist: our client opens it first.
+async fn make_requests(name: &str, requests: Requests) {
+    let Some(replay) = Replay::start(name, Role::Client) else {
         return;
     };
-    let scenario = load_scenario(&dir, "server_opens");
-    let (session, mut peer) = connect(gomux::Role::Client);
-    peer.replay(&scenario.server_to_client)
-        .await
-        .expect("replaying the Go server's bytes");
+    let app = move |session: Session| async move {
+        for (id, (request, reply)) in with_ids(requests) {
+            let mut stream = open(&session, id).await;
+            let write = stream.write_all(request.as_bytes());
+            must("writing the request", write).await;
+            let mut got = vec![0u8; reply.len()];
+            must("reading the reply", stream.read_exact(&mut got)).await;
+            assert_eq!(got, reply.as_bytes(), "the reply on stream {id}");
+            must("closing the stream", stream.close()).await;
+        }
+    };
+    let outcome = replay.run(None, app).await;
+    outcome.assert_wrote_what_go_wrote(without_credit);
+}
+
+#[tokio::test]
+async fn client_keeps_the_go_servers_streams_readable_after_its_close_mux() {
+    let Some(mut replay) = Replay::start("server_opens", Role::Client) else {
+        return;
+    };
+    let replayed = replay.replay(None).await;
+    replayed.expect("replaying the Go server's bytes");
     // Everything arrives before the application looks: the session has ended by then, and
     // what it received must still be there.
-    assert_closed_by_peer(&session).await;
-    for (n, id) in [(0, 1), (1, 3)] {
-        let mut stream = within(format!("stream {id}"), session.accept())
-            .await
-            .expect("accepting a stream the Go server opened before its CloseMux");
-        assert_eq!(stream.id(), id, "id of the Go server's stream {n}");
+    replay.end().await;
+    for (id, sent) in SERVER_OPENS {
+        let mut stream = accept(&replay.session, id).await;
         let mut text = String::new();
-        within("end-of-stream", stream.read_to_string(&mut text))
-            .await
-            .expect("reading the stream to end-of-stream");
-        assert_eq!(text, format!("from server {n}"));
+        let to_end = stream.read_to_string(&mut text);
+        must("reading to end-of-stream", to_end).await;
+        assert_eq!(text, sent, "what the Go server wrote on stream {id}");
     }
-    let after = within("accept after the end", session.accept()).await;
+    let after = within("accept after the end", replay.session.accept()).await;
     assert!(
         matches!(after, Err(Error::ClosedByPeer)),
         "accept once the queue is empty gave {after:?}, expected ClosedByPeer"
     );
-    drop(session);
-    peer.finish().await.assert_valid();
+    replay.finish().await;
 }
 
 #[tokio::test]
 async fn client_echo_against_the_go_server_writes_what_the_go_client_wrote() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
-    let scenario = load_scenario(&dir, "echo");
-    let (session, mut peer) = connect(gomux::Role::Client);
-    // The capture's frames for stream 0 need the stream to exist: the client opens it first.
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("opening a stream", session.open())
-                .await
-                .expect("opening a stream");
-            assert_eq!(stream.id(), 0, "the client's first stream id");
-            within("writing", stream.write_all(b"hello, world"))
-                .await
-                .expect("writing the request");
-            let mut echo = [0u8; 12];
-            within("the echo", stream.read_exact(&mut echo))
-                .await
-                .expect("reading the echo");
-            assert_eq!(&echo, b"hello, world");
-            within("closing the stream", stream.close())
-                .await
-                .expect("closing the stream");
-        }
-    });
-    let replayed = peer.replay(&scenario.server_to_client).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go server's bytes");
-    within("closing the session", session.close())
-        .await
-        .expect("closing the session gracefully");
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_eq!(
-        without_credit(&observed.frames),
-        without_credit(&frames_of(&scenario.client_to_server)),
-        "what our client wrote against what the Go client wrote"
-    );
+    make_requests("echo", ECHO).await;
 }
 
 #[tokio::test]
 async fn client_four_streams_against_the_go_server_write_what_the_go_client_wrote() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
-    let scenario = load_scenario(&dir, "four_streams");
-    let (session, mut peer) = connect(gomux::Role::Client);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            for n in 0..4u32 {
-                let mut stream = within("opening a stream", session.open())
-                    .await
-                    .expect("opening a stream");
-                assert_eq!(stream.id(), 2 * n, "client stream ids are even, in order");
-                let request = format!("stream number {n}");
-                within("writing", stream.write_all(request.as_bytes()))
-                    .await
-                    .expect("writing the request");
-                let mut reply = [0u8; 15];
-                within("the reply", stream.read_exact(&mut reply))
-                    .await
-                    .expect("reading the reply");
-                assert_eq!(reply, request.to_ascii_uppercase().as_bytes());
-                within("closing the stream", stream.close())
-                    .await
-                    .expect("closing the stream");
-            }
-        }
-    });
-    let replayed = peer.replay(&scenario.server_to_client).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go server's bytes");
-    within("closing the session", session.close())
-        .await
-        .expect("closing the session gracefully");
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_eq!(
-        without_credit(&observed.frames),
-        without_credit(&frames_of(&scenario.client_to_server)),
-        "what our client wrote against what the Go client wrote"
-    );
+    make_requests("four_streams", FOUR_STREAMS).await;
 }
 
 #[tokio::test]
 async fn client_half_close_against_the_go_server_reads_its_reply_to_end_of_stream() {
-    let Some(dir) = vectors_dir() else {
+    let Some(replay) = Replay::start("half_close", Role::Client) else {
         return;
     };
-    let scenario = load_scenario(&dir, "half_close");
-    let (session, mut peer) = connect(gomux::Role::Client);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("opening a stream", session.open())
-                .await
-                .expect("opening a stream");
-            assert_eq!(stream.id(), 0);
-            within("writing", stream.write_all(&half_close_payload()))
-                .await
-                .expect("writing 1000 bytes");
-            within("the half-close", stream.shutdown())
-                .await
-                .expect("half-closing the stream");
-            let mut reply = String::new();
-            within("the reply", stream.read_to_string(&mut reply))
-                .await
-                .expect("reading the reply to end-of-stream");
-            assert_eq!(reply, "got 1000 bytes");
-        }
-    });
     // The Go server answered only after reading our data to end-of-stream.
-    let replayed = async {
-        peer.wait_until("our CloseRead on stream 0", |seen| {
-            seen.sent(Kind::CloseRead, 0)
-        })
-        .await?;
-        peer.replay(&scenario.server_to_client).await
-    }
-    .await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go server's bytes");
-    within("closing the session", session.close())
-        .await
-        .expect("closing the session gracefully");
-
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_eq!(
-        without_credit(&observed.frames),
-        without_credit(&frames_of(&scenario.client_to_server)),
-        "what our client wrote against what the Go client wrote"
-    );
+    let pause = Pause {
+        before: None,
+        until_ours: (Kind::CloseRead, 0),
+    };
+    let app = |session: Session| async move {
+        let mut stream = open(&session, 0).await;
+        let payload = half_close_payload();
+        must("writing 1000 bytes", stream.write_all(&payload)).await;
+        must("half-closing the stream", stream.shutdown()).await;
+        let mut reply = String::new();
+        must("reading the reply", stream.read_to_string(&mut reply)).await;
+        assert_eq!(reply, HALF_CLOSE_REPLY);
+    };
+    let outcome = replay.run(Some(pause), app).await;
+    outcome.assert_wrote_what_go_wrote(without_credit);
 }
 
 #[tokio::test]
 async fn client_sends_200000_bytes_within_the_credit_the_go_server_granted() {
-    let Some(dir) = vectors_dir() else {
+    let Some(replay) = Replay::start("bulk_200k", Role::Client) else {
         return;
     };
-    let scenario = load_scenario(&dir, "bulk_200k");
-    let (session, mut peer) = connect(gomux::Role::Client);
-    let app = tokio::spawn({
-        let session = session.clone();
-        async move {
-            let mut stream = within("opening a stream", session.open())
-                .await
-                .expect("opening a stream");
-            assert_eq!(stream.id(), 0);
-            within("writing", stream.write_all(&bulk_payload()))
-                .await
-                .expect("writing 200000 bytes");
-            within("the half-close", stream.shutdown())
-                .await
-                .expect("half-closing the stream");
-            within("closing the stream", stream.close())
-                .await
-                .expect("closing the stream");
-        }
-    });
-    let replayed = peer.replay(&scenario.server_to_client).await;
-    within("the application", app)
-        .await
-        .expect("the application task panicked");
-    replayed.expect("replaying the Go server's bytes");
-    within("closing the session", session.close())
-        .await
-        .expect("closing the session gracefully");
-
+    let app = |session: Session| async move {
+        let mut stream = open(&session, 0).await;
+        must("writing 200000 bytes", stream.write_all(&bulk_payload())).await;
+        must("half-closing the stream", stream.shutdown()).await;
+        must("closing the stream", stream.close()).await;
+    };
     // The observer checked every Data frame against the credit granted so far.
-    let observed = peer.finish().await;
-    observed.assert_valid();
-    assert_bulk(&observed.payload_on(0));
+    let outcome = replay.run(None, app).await;
+    let data = outcome.observed.on(Kind::Data, 0);
+    let sent: Vec<u8> = data.flat_map(|f| f.payload.iter().copied()).collect();
+    assert_bulk(&sent);
+    let frames = &outcome.observed.frames;
     assert!(
-        observed
-            .frames
-            .iter()
-            .all(|f| f.payload.len() <= MAX_PAYLOAD),
+        frames.iter().all(|f| f.payload.len() <= MAX_PAYLOAD),
         "a Data frame above the Go limit of {MAX_PAYLOAD} bytes"
     );
-    let shapes = |frames: &[Frame]| -> Vec<String> {
-        frames
-            .iter()
-            .filter(|f| !matches!(f.header.kind, Kind::Data | Kind::WindowUpdate))
-            .map(shape)
-            .collect()
+    // The frames around the data (whose payloads are all empty).
+    let around_data = |frames: &[Frame]| {
+        let around = |f: &&Frame| !matches!(f.header.kind, Kind::Data | Kind::WindowUpdate);
+        frames.iter().filter(around).map(shape).collect::<Vec<_>>()
     };
-    assert_eq!(
-        shapes(&observed.frames),
-        shapes(&frames_of(&scenario.client_to_server)),
-        "the frames around the data, ours against the Go client's"
-    );
+    outcome.assert_wrote_what_go_wrote(around_data);
 }
