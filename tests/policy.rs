@@ -570,3 +570,82 @@ async fn consumed_credit_comes_back_without_more_data() {
     assert!(got.iter().all(|&b| b == 4));
     assert!(!h.session.is_closed(), "{:?}", h.session.close_reason());
 }
+
+/// A peer that floods OpenStream beyond the backlog while reading nothing makes the session
+/// stop reading once its refusals pile up (instead of queueing refusals without end), and
+/// resume once the peer reads: every refused id is answered with CloseStream, in order, and the
+/// accepted stream still works.
+#[tokio::test(start_paused = true)]
+async fn open_flood_without_reading_is_answered_in_full_once_the_peer_reads() {
+    const OPENS: u32 = 20_000;
+    // A small pipe and write buffer, so the refusals fill them long before the flood ends.
+    let (io, peer) = tokio::io::duplex(4096);
+    let config = Config::default().accept_backlog(1).write_buffer_size(1024);
+    let (session, connection) = Session::new(io, Role::Server, config);
+    let driver = tokio::spawn(connection);
+    let (mut peer_read, mut peer_write) = tokio::io::split(peer);
+
+    let flood = tokio::spawn(async move {
+        let mut wire = Vec::with_capacity(OPENS as usize * 8);
+        for n in 0..OPENS {
+            wire.extend_from_slice(&Header::new(n * 2, Kind::OpenStream).to_bytes());
+        }
+        // Stream 0 is the one accepted: give it data to check afterwards.
+        wire.extend_from_slice(
+            &Header {
+                id: 0,
+                length: 2,
+                kind: Kind::Data,
+            }
+            .to_bytes(),
+        );
+        wire.extend_from_slice(b"ok");
+        peer_write
+            .write_all(&wire)
+            .await
+            .expect("the flood is written");
+        peer_write
+    });
+
+    // With time paused, this sleep returns only once every task is idle: the session has read
+    // all it is willing to read. It must have stopped short of the whole flood, since its
+    // refusals have nowhere to go.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !flood.is_finished(),
+        "the session kept reading while its refusals piled up"
+    );
+
+    // Now the peer reads what came back.
+    let mut refused = Vec::new();
+    let mut codec = FrameCodec::new();
+    let mut buf = bytes::BytesMut::new();
+    while refused.len() < (OPENS - 1) as usize {
+        let n = within("refusals arrive", peer_read.read_buf(&mut buf))
+            .await
+            .expect("the peer reads");
+        assert_ne!(n, 0, "the session closed instead of answering");
+        while let Some(frame) = tokio_util::codec::Decoder::decode(&mut codec, &mut buf)
+            .expect("the session writes valid frames")
+        {
+            if frame.header.kind == Kind::CloseStream {
+                refused.push(frame.header.id);
+            }
+        }
+    }
+    let want: Vec<u32> = (1..OPENS).map(|n| n * 2).collect();
+    assert_eq!(refused, want, "every refused id is answered once, in order");
+
+    let _peer_write = within("flood written", flood).await.expect("no panic");
+    let mut stream = within("accept", session.accept()).await.expect("stream 0");
+    let mut got = [0u8; 2];
+    within("read", stream.read_exact(&mut got))
+        .await
+        .expect("data on the accepted stream");
+    assert_eq!(&got, b"ok");
+    assert!(!session.is_closed());
+    drop(stream);
+    drop(session);
+    drop(peer_read);
+    let _ = within("driver ends", driver).await;
+}

@@ -174,10 +174,13 @@ where
     fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
         let mut budget = READ_BUDGET;
         loop {
-            self.read_paused = self.shared.lock().refusals_full();
             if self.read_paused {
-                // The peer opens streams faster than it reads our refusals: wait for the writer.
-                return false;
+                self.read_paused = self.shared.lock().refusals_full();
+                if self.read_paused {
+                    // The peer opens streams faster than it reads our refusals: wait for the
+                    // writer to send them (it wakes us when the transport takes them).
+                    return false;
+                }
             }
             if self.read_buf.capacity() - self.read_buf.len() < READ_MIN_SPACE {
                 self.read_buf.reserve(self.read_size);
@@ -211,12 +214,15 @@ where
             if let Some(idle) = &mut self.idle {
                 idle.last = Instant::now();
             }
-            if let Err(error) = self.apply_frames() {
-                // A peer that broke the protocol is told so, best effort; one that sent CloseMux
-                // is closing already.
-                let close_mux = matches!(error, Error::Protocol(_));
-                self.end(error, close_mux);
-                return false;
+            match self.apply_frames() {
+                Ok(refusals_full) => self.read_paused = refusals_full,
+                Err(error) => {
+                    // A peer that broke the protocol is told so, best effort; one that sent
+                    // CloseMux is closing already.
+                    let close_mux = matches!(error, Error::Protocol(_));
+                    self.end(error, close_mux);
+                    return false;
+                }
             }
             budget = budget.saturating_sub(n);
             if budget == 0 {
@@ -225,8 +231,9 @@ where
         }
     }
 
-    /// Decodes every whole frame in the read buffer and applies it, under one lock.
-    fn apply_frames(&mut self) -> Result<(), Error> {
+    /// Decodes every whole frame in the read buffer and applies it, under one lock. Returns
+    /// whether refusals have piled up enough that reading should pause.
+    fn apply_frames(&mut self) -> Result<bool, Error> {
         let mut inner = self.shared.lock();
         let result = loop {
             match self.codec.decode(&mut self.read_buf) {
@@ -235,10 +242,11 @@ where
                         break Err(error);
                     }
                 }
-                Ok(None) => break Ok(()),
+                Ok(None) => break Ok(inner.refusals_full()),
                 Err(CodecError::Protocol(e)) => break Err(e.into()),
                 Err(CodecError::Io(e)) => break Err(e.into()),
-                Err(CodecError::InvalidFrame(_)) => break Ok(()), // Only the encoder reports it.
+                // Only the encoder reports it.
+                Err(CodecError::InvalidFrame(_)) => break Ok(inner.refusals_full()),
             }
         };
         drop(inner);
@@ -246,8 +254,8 @@ where
         result
     }
 
-    /// Writes queued bytes until the transport would block or nothing is queued. Returns whether
-    /// anything was written.
+    /// Writes queued bytes until the transport would block or nothing is queued, then flushes.
+    /// `Ready(Ok)` means everything queued so far is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         loop {
             if self.write_pos == self.write_buf.len() {
