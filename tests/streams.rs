@@ -15,7 +15,7 @@ use common::{
 };
 use futures::StreamExt;
 use gomux::{Config, Error, Role, Session};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
@@ -298,6 +298,26 @@ async fn session_close_keeps_buffered_data(transport: Transport) {
     .await;
 }
 
+/// Writes `body` (then half-closes) in one task while another reads to end-of-stream; returns
+/// what was read.
+async fn write_and_read_in_two_tasks<R, W>(mut reader: R, mut writer: W, body: Vec<u8>) -> Vec<u8>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let write = tokio::spawn(async move {
+        writer.write_all(&body).await.expect("write");
+        writer.shutdown().await.expect("half-close");
+    });
+    let read = tokio::spawn(async move {
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).await.expect("read");
+        got
+    });
+    write.await.expect("writer task");
+    read.await.expect("reader task")
+}
+
 /// A client stream echoed by the server, read and written from two separate tasks, with far
 /// more than one window each way so credit updates must flow while both tasks are blocked.
 async fn split_into_halves_across_tasks(transport: Transport) {
@@ -305,20 +325,9 @@ async fn split_into_halves_across_tasks(transport: Transport) {
         let (client, server) = sessions(transport).await;
         let _echo = spawn_echo(server.clone());
         let stream = client.open().await.expect("client opens");
-        let (mut reader, mut writer) = stream.into_split();
+        let (reader, writer) = stream.into_split();
         let body = pattern(5, MIB);
-        let sent = body.clone();
-        let write = tokio::spawn(async move {
-            writer.write_all(&sent).await.expect("write");
-            writer.shutdown().await.expect("half-close");
-        });
-        let read = tokio::spawn(async move {
-            let mut got = Vec::new();
-            reader.read_to_end(&mut got).await.expect("read");
-            got
-        });
-        write.await.expect("writer task");
-        let got = read.await.expect("reader task");
+        let got = write_and_read_in_two_tasks(reader, writer, body.clone()).await;
         assert_same(&got, &body, "echo through split halves");
         client.close().await.expect("graceful close");
     })
@@ -347,20 +356,9 @@ async fn split_with_tokio_across_tasks(transport: Transport) {
             server
         });
         let stream = client.open().await.expect("client opens");
-        let (mut reader, mut writer) = tokio::io::split(stream);
+        let (reader, writer) = tokio::io::split(stream);
         let body = pattern(6, MIB);
-        let sent = body.clone();
-        let write = tokio::spawn(async move {
-            writer.write_all(&sent).await.expect("write");
-            writer.shutdown().await.expect("half-close");
-        });
-        let read = tokio::spawn(async move {
-            let mut got = Vec::new();
-            reader.read_to_end(&mut got).await.expect("read");
-            got
-        });
-        write.await.expect("writer task");
-        let got = read.await.expect("reader task");
+        let got = write_and_read_in_two_tasks(reader, writer, body.clone()).await;
         assert_same(&got, &body, "echo through tokio split halves");
         let _server = echo.await.expect("echo task");
         client.close().await.expect("graceful close");
