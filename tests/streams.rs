@@ -135,53 +135,41 @@ async fn thousand_concurrent_streams(transport: Transport) {
 async fn half_close_both_ways(transport: Transport) {
     within("half-close in each direction", async {
         let (client, server) = sessions(transport).await;
-
-        // Client stops writing first; the server reads end-of-stream and can still answer.
-        let mut outbound = client.open().await.expect("client opens");
-        outbound.write_all(b"question").await.expect("write");
-        outbound.shutdown().await.expect("half-close");
-        assert_io_error(
-            outbound.write_all(b"more").await,
-            io::ErrorKind::BrokenPipe,
-            |e| matches!(e, Error::WriteClosed),
-            "a write after shutdown fails",
-        );
-        let mut inbound = server.accept().await.expect("server accepts");
-        let mut got = Vec::new();
-        inbound.read_to_end(&mut got).await.expect("read to EOF");
-        assert_eq!(got, b"question");
-        inbound.write_all(b"answer").await.expect("write back");
-        inbound.shutdown().await.expect("half-close back");
-        let mut got = Vec::new();
-        outbound
-            .read_to_end(&mut got)
-            .await
-            .expect("read the answer");
-        assert_eq!(got, b"answer");
-
-        // The other direction: the server's stream, the server stops writing first.
-        let mut outbound = server.open().await.expect("server opens");
-        outbound.write_all(b"ping").await.expect("write");
-        outbound.shutdown().await.expect("half-close");
-        let mut inbound = client.accept().await.expect("client accepts");
-        let mut got = Vec::new();
-        inbound.read_to_end(&mut got).await.expect("read to EOF");
-        assert_eq!(got, b"ping");
-        inbound
-            .write_all(b"pong")
-            .await
-            .expect("write back after EOF");
-        inbound.shutdown().await.expect("half-close back");
-        let mut got = Vec::new();
-        outbound
-            .read_to_end(&mut got)
-            .await
-            .expect("read the answer");
-        assert_eq!(got, b"pong");
-
+        // The client's stream, then the server's: the opener stops writing first each time.
+        half_close_exchange(&client, &server, b"question", b"answer").await;
+        half_close_exchange(&server, &client, b"ping", b"pong").await;
         client.close().await.expect("graceful close");
     })
     .await;
+}
+
+/// `opener` sends `request` and half-closes; a write after that fails. The other side reads
+/// end-of-stream after the request, can still answer, and half-closes in turn.
+async fn half_close_exchange(opener: &Session, acceptor: &Session, request: &[u8], reply: &[u8]) {
+    let mut outbound = opener.open().await.expect("open");
+    outbound.write_all(request).await.expect("write");
+    outbound.shutdown().await.expect("half-close");
+    assert_io_error(
+        outbound.write_all(b"more").await,
+        io::ErrorKind::BrokenPipe,
+        |e| matches!(e, Error::WriteClosed),
+        "a write after shutdown fails",
+    );
+    let mut inbound = acceptor.accept().await.expect("accept");
+    let mut got = Vec::new();
+    inbound.read_to_end(&mut got).await.expect("read to EOF");
+    assert_eq!(got, request);
+    inbound
+        .write_all(reply)
+        .await
+        .expect("write back after EOF");
+    inbound.shutdown().await.expect("half-close back");
+    let mut got = Vec::new();
+    outbound
+        .read_to_end(&mut got)
+        .await
+        .expect("read the answer");
+    assert_eq!(got, reply);
 }
 
 async fn close_while_peer_reads(transport: Transport) {
