@@ -135,6 +135,17 @@ impl StreamState {
     }
 }
 
+/// Why writing on `stream` fails, if it does; `end` is the session's end, if it has ended.
+fn write_error(stream: &StreamState, end: &Option<Error>) -> Option<Error> {
+    if stream.has(WRITE_SHUT | LOCAL_CLOSED) {
+        Some(Error::WriteClosed)
+    } else if stream.has(PEER_READ_SHUT | PEER_CLOSED) {
+        Some(Error::PeerReadClosed)
+    } else {
+        end.clone()
+    }
+}
+
 /// The mutex-guarded session state, see the module docs.
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
@@ -615,37 +626,22 @@ impl Inner {
         Poll::Pending
     }
 
-    /// Why writing on the stream fails, if it does.
-    fn write_error(&self, stream: &StreamState) -> Option<Error> {
-        if stream.has(WRITE_SHUT | LOCAL_CLOSED) {
-            Some(Error::WriteClosed)
-        } else if stream.has(PEER_READ_SHUT | PEER_CLOSED) {
-            Some(Error::PeerReadClosed)
-        } else {
-            self.end.clone()
-        }
-    }
-
     pub(crate) fn poll_write(
         &mut self,
         key: usize,
         waker: &Waker,
         data: &[u8],
     ) -> Poll<Result<usize, Error>> {
-        let Some(stream) = self.streams.get(key) else {
+        let room = self.out_has_room();
+        let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
-        if let Some(error) = self.write_error(stream) {
+        if let Some(error) = write_error(stream, &self.end) {
             return Poll::Ready(Err(error));
         }
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let room = self.out_has_room();
-        let max_payload = self.config.max_payload;
-        let Some(stream) = self.streams.get_mut(key) else {
-            return Poll::Ready(Err(Error::WriteClosed));
-        };
         if stream.send_credit == 0 {
             stream.write_waker = Some(waker.clone());
             return Poll::Pending;
@@ -656,14 +652,14 @@ impl Inner {
             return Poll::Pending;
         }
         // Use whatever credit there is: a partial frame now beats a whole one later.
-        let n = data.len().min(stream.send_credit as usize).min(max_payload);
+        let n = data
+            .len()
+            .min(stream.send_credit as usize)
+            .min(self.config.max_payload);
         stream.send_credit -= n as u32;
+        stream.last_queued = self.queued_total + (HEADER_LEN + n) as u64;
         let id = stream.id;
         self.queue_data(id, &data[..n]);
-        let end = self.queued_total;
-        if let Some(stream) = self.streams.get_mut(key) {
-            stream.last_queued = end;
-        }
         Poll::Ready(Ok(n))
     }
 
@@ -696,13 +692,10 @@ impl Inner {
         if flags & READ_SHUT != 0 {
             stream.discard_buffered();
         }
-        let id = stream.id;
         if send {
+            stream.last_queued = self.queued_total + HEADER_LEN as u64;
+            let id = stream.id;
             self.queue_header(Header::new(id, kind));
-            let end = self.queued_total;
-            if let Some(stream) = self.streams.get_mut(key) {
-                stream.last_queued = end;
-            }
         }
     }
 
