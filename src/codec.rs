@@ -34,6 +34,9 @@ use crate::frame::{Frame, Header, Kind, HEADER_LEN, MAX_LENGTH_FIELD, MAX_PAYLOA
 pub struct FrameCodec {
     max_payload: usize,
     state: DecodeState,
+    /// Whether `decode` reserves room for the rest of a partial payload. The session turns it
+    /// off: it manages its own read buffers, and a reserve there would allocate behind its back.
+    reserve_payload: bool,
 }
 
 /// Where the decoder is: waiting for a header, or for the payload of a Data frame whose header
@@ -57,6 +60,21 @@ impl FrameCodec {
         FrameCodec {
             max_payload: max_payload.min(MAX_LENGTH_FIELD as usize),
             state: DecodeState::Head,
+            reserve_payload: true,
+        }
+    }
+
+    /// The same codec, leaving buffer capacity to the caller.
+    pub(crate) fn without_reserve(mut self) -> FrameCodec {
+        self.reserve_payload = false;
+        self
+    }
+
+    /// Bytes still missing from the partial Data payload at the front of `src`, 0 when none.
+    pub(crate) fn payload_missing(&self, src: &BytesMut) -> usize {
+        match self.state {
+            DecodeState::Data(header) => (header.length as usize).saturating_sub(src.len()),
+            DecodeState::Head => 0,
         }
     }
 
@@ -122,8 +140,10 @@ impl Decoder for FrameCodec {
         };
         let len = header.length as usize;
         if src.len() < len {
-            // The length was checked against the limit, so this reserve is bounded.
-            src.reserve(len - src.len());
+            if self.reserve_payload {
+                // The length was checked against the limit, so this reserve is bounded.
+                src.reserve(len - src.len());
+            }
             self.state = DecodeState::Data(header);
             return Ok(None);
         }

@@ -46,7 +46,7 @@ impl Role {
 /// ```
 ///
 /// What a peer can make a session hold is bounded by these settings: at most
-/// `max_streams × receive_window` bytes of received data (plus, for small frames, a copy
+/// `max_streams × receive_window + receive_window_budget` bytes of received data (plus, for small frames, a copy
 /// buffer of at most twice the data it holds, and for frames of 16 KiB or more, the read buffer
 /// they were received into: at most 192 KiB for each such frame still unread), and about
 /// `write_buffer_size + max_payload + 8 × max_streams` bytes of outgoing frames.
@@ -54,6 +54,8 @@ impl Role {
 pub struct Config {
     pub(crate) max_payload: usize,
     pub(crate) receive_window: u32,
+    pub(crate) max_receive_window: u32,
+    pub(crate) receive_window_budget: u64,
     pub(crate) keepalive_interval: Option<Duration>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) close_timeout: Duration,
@@ -67,6 +69,8 @@ impl Default for Config {
         Config {
             max_payload: MAX_PAYLOAD,
             receive_window: INITIAL_WINDOW,
+            max_receive_window: 16 * 1024 * 1024,
+            receive_window_budget: 64 * 1024 * 1024,
             keepalive_interval: Some(Duration::from_secs(30)),
             idle_timeout: None,
             close_timeout: Duration::from_secs(10),
@@ -95,6 +99,25 @@ impl Config {
     /// 65536..=16,777,215.
     pub fn receive_window(mut self, bytes: u32) -> Config {
         self.receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
+        self
+    }
+
+    /// The most a stream's receive window grows to, default 16 MiB. A stream whose application
+    /// reads half its window within two round trips (so the window, not the reader or the
+    /// sender, limits it) gets its window doubled, up to this and within
+    /// [`receive_window_budget`](Config::receive_window_budget). A window of 64 KiB carries at
+    /// most 64 KiB per round trip: 3.2 MB/s at 20 ms. Set it to `receive_window` to keep windows
+    /// fixed. Clamped to at least `receive_window`.
+    pub fn max_receive_window(mut self, bytes: u32) -> Config {
+        self.max_receive_window = bytes;
+        self
+    }
+
+    /// What all of a session's streams together may add to their windows by growing, default
+    /// 64 MiB. It bounds the extra data a peer can make the session buffer; a stream gives its
+    /// share back when it closes.
+    pub fn receive_window_budget(mut self, bytes: u64) -> Config {
+        self.receive_window_budget = bytes;
         self
     }
 
@@ -146,6 +169,11 @@ impl Config {
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
         self.write_buffer_size = bytes.max(1);
         self
+    }
+
+    /// The most a stream's window may grow to: never below its starting window.
+    pub(crate) fn window_ceiling(&self) -> u32 {
+        self.max_receive_window.max(self.receive_window)
     }
 
     /// The configured maximum of live streams.

@@ -13,22 +13,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
+use super::read_buf::ReadBuffer;
 use super::state::Shared;
 use crate::codec::FrameCodec;
 use crate::error::{CodecError, Error};
 use crate::frame::{Header, Kind};
 
-/// Reads go into buffers of up to this size, so one read can take several full frames. A
-/// session starts with `READ_MIN_SPACE` and grows to this only while reads fill the buffer, so
-/// idle sessions stay small.
-const READ_BUF_SIZE: usize = 128 * 1024;
-/// A new read buffer is reserved once less than this is left in the current one.
-const READ_MIN_SPACE: usize = 8 * 1024;
 /// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
 /// connection cannot monopolise a runtime thread.
 const READ_BUDGET: usize = 1024 * 1024;
@@ -45,7 +39,7 @@ pub struct Connection<T> {
     io: T,
     shared: Arc<Shared>,
     codec: FrameCodec,
-    read_buf: BytesMut,
+    read_buf: ReadBuffer,
     /// Bytes being written to the transport, swapped with the shared queue when empty.
     write_buf: Vec<u8>,
     write_pos: usize,
@@ -56,8 +50,6 @@ pub struct Connection<T> {
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
-    /// How much room the next read buffer gets, between `READ_MIN_SPACE` and `READ_BUF_SIZE`.
-    read_size: usize,
     /// Whether reading waits for queued refusals to drain.
     read_paused: bool,
     keepalive_interval: Option<Duration>,
@@ -135,15 +127,14 @@ where
         Connection {
             io,
             shared,
-            codec: FrameCodec::with_max_payload(max_payload),
-            read_buf: BytesMut::new(),
+            codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
+            read_buf: ReadBuffer::new(),
             write_buf: Vec::new(),
             write_pos: 0,
             write_mark: 0,
             unflushed: false,
             phase: Phase::Active,
             wakers: Vec::new(),
-            read_size: READ_MIN_SPACE,
             read_paused: false,
             keepalive_interval: keepalive,
             idle_timeout: idle,
@@ -182,35 +173,34 @@ where
                     return false;
                 }
             }
-            if self.read_buf.capacity() - self.read_buf.len() < READ_MIN_SPACE {
-                self.read_buf.reserve(self.read_size);
-            }
-            let space = self.read_buf.capacity() - self.read_buf.len();
-            let n =
-                match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read_buf)
-                {
-                    Poll::Pending => return false,
-                    Poll::Ready(Ok(0)) => {
-                        let error = if self.read_buf.is_empty() && !self.codec.in_frame() {
-                            Error::ConnectionClosed
-                        } else {
-                            Error::UnexpectedEof
-                        };
-                        self.end(error, false);
-                        return false;
+            let missing = self.codec.payload_missing(self.read_buf.get_mut());
+            let space = self.read_buf.prepare(missing);
+            let read_buf = self.read_buf.get_mut();
+            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf) {
+                Poll::Pending => {
+                    self.read_buf.drained();
+                    return false;
+                }
+                Poll::Ready(Ok(0)) => {
+                    let error = if self.read_buf.is_empty() && !self.codec.in_frame() {
+                        Error::ConnectionClosed
+                    } else {
+                        Error::UnexpectedEof
+                    };
+                    self.end(error, false);
+                    return false;
+                }
+                Poll::Ready(Ok(n)) => {
+                    if n == space {
+                        self.read_buf.filled();
                     }
-                    Poll::Ready(Ok(n)) => {
-                        if n == space {
-                            // The transport had more than the buffer held: read bigger.
-                            self.read_size = (self.read_size * 2).min(READ_BUF_SIZE);
-                        }
-                        n
-                    }
-                    Poll::Ready(Err(e)) => {
-                        self.end(e.into(), false);
-                        return false;
-                    }
-                };
+                    n
+                }
+                Poll::Ready(Err(e)) => {
+                    self.end(e.into(), false);
+                    return false;
+                }
+            };
             if let Some(idle) = &mut self.idle {
                 idle.last = Instant::now();
             }
@@ -236,7 +226,7 @@ where
     fn apply_frames(&mut self) -> Result<bool, Error> {
         let mut inner = self.shared.lock();
         let result = loop {
-            match self.codec.decode(&mut self.read_buf) {
+            match self.codec.decode(self.read_buf.get_mut()) {
                 Ok(Some(frame)) => {
                     if let Err(error) = inner.on_frame(frame, &mut self.wakers) {
                         break Err(error);

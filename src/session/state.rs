@@ -11,11 +11,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
+use tokio::time::Instant;
 
 use super::slab::Slab;
 use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
-use crate::flow::{add_send_credit, RecvWindow};
+use crate::flow::{add_send_credit, RecvWindow, Tuner};
 use crate::frame::{Frame, Header, Kind, HEADER_LEN, INITIAL_WINDOW};
 
 /// Payloads at least this long are kept as slices of the read buffer (no copy); shorter ones are
@@ -56,6 +57,7 @@ pub(crate) struct StreamState {
     /// Bytes in `chunks` and `tail` together.
     buffered: u32,
     recv_window: RecvWindow,
+    tuner: Tuner,
     send_credit: u32,
     /// `queued_total` just after this stream's last queued frame: flushed once the driver has
     /// written that far.
@@ -74,6 +76,7 @@ impl StreamState {
             tail: BytesMut::new(),
             buffered: 0,
             recv_window: RecvWindow::new(receive_window),
+            tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
             last_queued: 0,
             read_waker: None,
@@ -220,6 +223,18 @@ pub(crate) struct Inner {
     /// Live `Session` handles. When none is left, inbound streams are refused and the session
     /// closes itself once its last stream is gone.
     pub(crate) session_handles: usize,
+
+    /// The session's clock for window tuning, see [`Tuner`].
+    clock: Instant,
+    /// The smallest round trip measured, in microseconds.
+    min_rtt: Option<u64>,
+    /// What streams may still add to their windows, see `Config::receive_window_budget`.
+    window_budget: u64,
+}
+
+/// Microseconds since `clock`, at least 1 (0 means "not set" to a [`Tuner`]).
+fn micros(clock: Instant) -> u64 {
+    clock.elapsed().as_micros() as u64 + 1
 }
 
 impl Inner {
@@ -246,6 +261,9 @@ impl Inner {
             close_error: None,
             close_wakers: Vec::new(),
             session_handles: 1,
+            clock: Instant::now(),
+            min_rtt: None,
+            window_budget: config.receive_window_budget,
             config,
         }
     }
@@ -296,6 +314,7 @@ impl Inner {
     /// application asked for directly (opens, data, closes) are queued at once instead, which
     /// keeps them in order with the data around them.
     pub(crate) fn queue_pending_control(&mut self) {
+        let clock = self.clock;
         while self.out_has_room() {
             let Some(id) = self.refusals.pop_front() else {
                 break;
@@ -315,6 +334,9 @@ impl Inner {
             if stream.has(PEER_WRITE_SHUT | PEER_CLOSED | LOCAL_CLOSED) {
                 continue; // The peer sends no more: credit would be wasted bytes.
             }
+            stream
+                .tuner
+                .on_credit(stream.recv_window.peer_credit(), || micros(clock));
             if let Some(credit) = stream.recv_window.take_update() {
                 let id = stream.id;
                 if stream.recv_window.owes() {
@@ -403,7 +425,11 @@ impl Inner {
     }
 
     fn on_data(&mut self, id: u32, payload: Bytes, wakers: &mut Vec<Waker>) -> Result<(), Error> {
-        let Some(stream) = self.stream_by_id(id) else {
+        let Some(&key) = self.ids.get(&id) else {
+            return Ok(()); // Unknown or closed: races with a local close.
+        };
+        let (clock, min_rtt) = (self.clock, self.min_rtt);
+        let Some(stream) = self.streams.get_mut(key) else {
             return Ok(()); // Unknown or closed: races with a local close.
         };
         if stream.has(PEER_WRITE_SHUT | PEER_CLOSED) {
@@ -414,6 +440,13 @@ impl Inner {
             .recv_window
             .receive(length)
             .map_err(|credit| ProtocolError::WindowExceeded { id, length, credit })?;
+        let target = stream.recv_window.target();
+        let arrival = stream
+            .tuner
+            .on_data(length, target, min_rtt, || micros(clock));
+        // Only a reader that keeps its buffer nearly empty shows that the window, not the
+        // reader, is what limits the stream.
+        let grow = arrival.window_limited && stream.buffered <= target / 4;
         if stream.has(READ_SHUT) {
             // We closed reading; the frame was in flight. Nobody will return its credit: the
             // peer's writes fail from now on anyway.
@@ -421,6 +454,12 @@ impl Inner {
         }
         stream.push_data(payload);
         wakers.extend(stream.read_waker.take());
+        if let Some(sample) = arrival.rtt_sample {
+            self.min_rtt = Some(min_rtt.map_or(sample, |rtt| rtt.min(sample)));
+        }
+        if grow {
+            self.grow_window(key);
+        }
         Ok(())
     }
 
@@ -586,6 +625,11 @@ impl Inner {
         }
         let id = stream.id;
         let send_close = !stream.has(LOCAL_CLOSED | PEER_CLOSED) && self.end.is_none();
+        let grown = stream
+            .recv_window
+            .target()
+            .saturating_sub(self.config.receive_window);
+        self.window_budget += u64::from(grown);
         self.streams.remove(key);
         self.ids.remove(&id);
         if send_close {
@@ -661,6 +705,27 @@ impl Inner {
         let id = stream.id;
         self.queue_data(id, &data[..n]);
         Poll::Ready(Ok(n))
+    }
+
+    /// Doubles a stream's receive window, within the per-stream ceiling and the session's
+    /// budget (see [`Tuner`]), and queues the new credit.
+    fn grow_window(&mut self, key: usize) {
+        let ceiling = self.config.window_ceiling();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if self.end.is_some() || stream.has(READ_SHUT | PEER_WRITE_SHUT | PEER_CLOSED) {
+            return; // No more data is coming or wanted.
+        }
+        let target = stream.recv_window.target();
+        let extra = target.min(ceiling.saturating_sub(target));
+        let extra = u64::from(extra).min(self.window_budget) as u32;
+        if extra == 0 {
+            return;
+        }
+        self.window_budget -= u64::from(extra);
+        stream.recv_window.grow(extra);
+        self.queue_credit(key);
     }
 
     /// Ready once everything the stream queued has been written to the transport and flushed.
@@ -832,6 +897,110 @@ mod tests {
                 kind: Kind::WindowUpdate
             }]
         );
+    }
+
+    /// A server-side stream with id 0, opened by the peer and accepted.
+    fn accepted_stream(inner: &mut Inner) -> usize {
+        let mut wakers = Vec::new();
+        inner
+            .on_frame(Frame::control(0, Kind::OpenStream), &mut wakers)
+            .expect("valid open");
+        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop()) else {
+            panic!("stream not accepted");
+        };
+        key
+    }
+
+    /// The peer sends `len` bytes on stream 0, as one frame.
+    fn peer_sends(inner: &mut Inner, len: usize) {
+        inner
+            .on_frame(Frame::data(0, vec![7; len]), &mut Vec::new())
+            .expect("within credit");
+    }
+
+    /// The application reads everything buffered; returns the credit that goes back.
+    fn app_reads_all(inner: &mut Inner, key: usize) -> u32 {
+        let mut storage = vec![0u8; 1 << 20];
+        let mut buf = tokio::io::ReadBuf::new(&mut storage);
+        assert!(inner.poll_read(key, Waker::noop(), &mut buf).is_ready());
+        queued_headers(inner)
+            .iter()
+            .filter(|h| h.kind == Kind::WindowUpdate)
+            .map(|h| h.length)
+            .sum()
+    }
+
+    const RTT: std::time::Duration = std::time::Duration::from_millis(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_that_limits_a_fast_reader_doubles() {
+        let mut inner = inner(Role::Server);
+        let key = accepted_stream(&mut inner);
+        // Round 1: the peer spends its whole window; the reader empties the buffer at once.
+        peer_sends(&mut inner, 65_536);
+        assert_eq!(app_reads_all(&mut inner, key), 65_536);
+        // Round 2, one round trip later: the answer to credit given to a sender that had none
+        // measures the round trip, and half the window arrived well within it.
+        tokio::time::advance(RTT).await;
+        peer_sends(&mut inner, 65_536);
+        assert_eq!(
+            app_reads_all(&mut inner, key),
+            2 * 65_536,
+            "the consumed 64 KiB plus 64 KiB of new window"
+        );
+        assert_eq!(
+            inner.window_budget,
+            Config::default().receive_window_budget - 65_536
+        );
+        // Closing the stream gives the growth back to the session.
+        inner.release(key);
+        assert_eq!(inner.window_budget, Config::default().receive_window_budget);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_that_is_not_the_limit_stays() {
+        let mut inner = inner(Role::Server);
+        let key = accepted_stream(&mut inner);
+        peer_sends(&mut inner, 65_536);
+        assert_eq!(app_reads_all(&mut inner, key), 65_536);
+        tokio::time::advance(RTT).await;
+        // The link (or the sender) delivers half a window per round trip: slower than the window
+        // allows, so a bigger one would not help.
+        for _ in 0..8 {
+            peer_sends(&mut inner, 16_384);
+            tokio::time::advance(RTT).await;
+            peer_sends(&mut inner, 16_384);
+            assert_eq!(app_reads_all(&mut inner, key), 32_768);
+            tokio::time::advance(RTT).await;
+        }
+        assert_eq!(inner.window_budget, Config::default().receive_window_budget);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_keeps_its_window_and_the_budget_caps_growth() {
+        let config = Config::default().receive_window_budget(65_536 + 1000);
+        let mut inner = Inner::new(Role::Server, config);
+        let key = accepted_stream(&mut inner);
+        peer_sends(&mut inner, 65_536);
+        assert_eq!(app_reads_all(&mut inner, key), 65_536);
+        tokio::time::advance(RTT).await;
+        // Half a window arrives fast, but the reader leaves it buffered: no growth.
+        for _ in 0..3 {
+            peer_sends(&mut inner, 12_000);
+        }
+        assert_eq!(inner.window_budget, 65_536 + 1000);
+        assert_eq!(app_reads_all(&mut inner, key), 36_000);
+        // Now the reader keeps up: the window grows, by no more than the budget has left.
+        tokio::time::advance(RTT).await;
+        peer_sends(&mut inner, 65_536);
+        assert_eq!(app_reads_all(&mut inner, key), 2 * 65_536);
+        assert_eq!(inner.window_budget, 1000);
+        tokio::time::advance(RTT).await;
+        for _ in 0..2 {
+            peer_sends(&mut inner, 65_536);
+        }
+        assert_eq!(app_reads_all(&mut inner, key), 2 * 65_536 + 1000);
+        assert_eq!(inner.window_budget, 0);
     }
 
     #[test]
