@@ -95,7 +95,8 @@ impl Config {
     /// Credit this side keeps granted to the peer on each stream, default 65536 (the protocol's
     /// initial window). A larger value is announced with a WindowUpdate when the stream opens
     /// (legal, and understood by Go peers) and lets one stream carry more per round trip. It is
-    /// also the most a stream buffers for a reader that does not read. Clamped to
+    /// also the most a stream buffers for a reader that never reads (a window that has grown,
+    /// see [`max_receive_window`](Config::max_receive_window), holds up to its new size). Clamped to
     /// 65536..=16,777,215.
     pub fn receive_window(mut self, bytes: u32) -> Config {
         self.receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
@@ -156,8 +157,8 @@ impl Config {
     /// Live streams per session, both directions together, default 8192. Opening one more fails
     /// that open with [`Error::TooManyStreams`](crate::Error::TooManyStreams); a peer's open
     /// beyond it is refused with CloseStream. With the receive window this bounds the data a
-    /// session buffers (8192 × 64 KiB = 512 MiB at the defaults, reached only if no stream is
-    /// read). At least 1.
+    /// session buffers (8192 × 64 KiB = 512 MiB at the defaults, plus the 64 MiB
+    /// window-growth budget, reached only if no stream is read). At least 1.
     pub fn max_streams(mut self, streams: usize) -> Config {
         self.max_streams = streams.max(1);
         self
