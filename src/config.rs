@@ -46,8 +46,8 @@ impl Role {
 /// ```
 ///
 /// What a peer can make a session hold is bounded by these settings: at most
-/// `max_streams × receive_window + receive_window_budget` bytes of received data (plus, for small frames, a copy
-/// buffer of at most twice the data it holds, and for frames of 16 KiB or more, the read buffer
+/// `max_streams × receive_window + receive_window_budget` bytes of received data (plus, for
+/// small frames, a copy buffer of at most twice the data it holds, and for frames of 16 KiB or more, the read buffer
 /// they were received into: at most 192 KiB for each such frame still unread), and about
 /// `write_buffer_size + max_payload + 8 × max_streams` bytes of outgoing frames.
 #[derive(Debug, Clone)]
@@ -96,16 +96,16 @@ impl Config {
     /// initial window). A larger value is announced with a WindowUpdate when the stream opens
     /// (legal, and understood by Go peers) and lets one stream carry more per round trip. It is
     /// also the most a stream buffers for a reader that never reads (a window that has grown,
-    /// see [`max_receive_window`](Config::max_receive_window), holds up to its new size). Clamped to
-    /// 65536..=16,777,215.
+    /// see [`max_receive_window`](Config::max_receive_window), holds up to its new size).
+    /// Clamped to 65536..=16,777,215.
     pub fn receive_window(mut self, bytes: u32) -> Config {
         self.receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
         self
     }
 
-    /// The most a stream's receive window grows to, default 16 MiB. A stream whose application
-    /// reads half its window within two round trips (so the window, not the reader or the
-    /// sender, limits it) gets its window doubled, up to this and within
+    /// The most a stream's receive window grows to, default 16 MiB. A stream that receives half
+    /// its window within one measured round trip while its application keeps the buffer nearly
+    /// empty (so the window, not the reader or the sender, limits it) gets its window doubled, up to this and within
     /// [`receive_window_budget`](Config::receive_window_budget). A window of 64 KiB carries at
     /// most 64 KiB per round trip: 3.2 MB/s at 20 ms. Set it to `receive_window` to keep windows
     /// fixed. Clamped to at least `receive_window`.

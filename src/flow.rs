@@ -128,7 +128,7 @@ pub(crate) struct Tuner {
 pub(crate) struct Arrival {
     /// A round trip completed by this frame, in microseconds.
     pub(crate) rtt_sample: Option<u64>,
-    /// Half a window arrived within two round trips.
+    /// Half a window arrived within one round trip.
     pub(crate) window_limited: bool,
 }
 
