@@ -932,16 +932,23 @@ mod tests {
 
     const RTT: std::time::Duration = std::time::Duration::from_millis(10);
 
+    /// Round 1 of every tuning case: the peer spends its whole initial window, the reader
+    /// empties the buffer at once (so credit goes to a sender that had none), and one round trip
+    /// passes. Returns the stream's key.
+    async fn first_round(inner: &mut Inner) -> usize {
+        let key = accepted_stream(inner);
+        peer_sends(inner, 65_536);
+        assert_eq!(app_reads_all(inner, key), 65_536);
+        tokio::time::advance(RTT).await;
+        key
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_window_that_limits_a_fast_reader_doubles() {
         let mut inner = inner(Role::Server);
-        let key = accepted_stream(&mut inner);
-        // Round 1: the peer spends its whole window; the reader empties the buffer at once.
-        peer_sends(&mut inner, 65_536);
-        assert_eq!(app_reads_all(&mut inner, key), 65_536);
-        // Round 2, one round trip later: the answer to credit given to a sender that had none
+        let key = first_round(&mut inner).await;
+        // Round 2: the answer to credit given to a sender that had none
         // measures the round trip, and half the window arrived well within it.
-        tokio::time::advance(RTT).await;
         peer_sends(&mut inner, 65_536);
         assert_eq!(
             app_reads_all(&mut inner, key),
@@ -960,10 +967,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_window_that_is_not_the_limit_stays() {
         let mut inner = inner(Role::Server);
-        let key = accepted_stream(&mut inner);
-        peer_sends(&mut inner, 65_536);
-        assert_eq!(app_reads_all(&mut inner, key), 65_536);
-        tokio::time::advance(RTT).await;
+        let key = first_round(&mut inner).await;
         // The link (or the sender) delivers half a window per round trip: slower than the window
         // allows, so a bigger one would not help.
         for _ in 0..8 {
@@ -980,10 +984,7 @@ mod tests {
     async fn a_slow_reader_keeps_its_window_and_the_budget_caps_growth() {
         let config = Config::default().receive_window_budget(65_536 + 1000);
         let mut inner = Inner::new(Role::Server, config);
-        let key = accepted_stream(&mut inner);
-        peer_sends(&mut inner, 65_536);
-        assert_eq!(app_reads_all(&mut inner, key), 65_536);
-        tokio::time::advance(RTT).await;
+        let key = first_round(&mut inner).await;
         // Half a window arrives fast, but the reader leaves it buffered: no growth.
         for _ in 0..3 {
             peer_sends(&mut inner, 12_000);
