@@ -35,6 +35,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::Error;
@@ -79,6 +80,23 @@ impl Handle {
     fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         self.with_driver(|inner, key| inner.poll_write(key, cx.waker(), data))
             .map_err(io::Error::from)
+    }
+
+    async fn read_chunk(&self, max: usize) -> Result<Option<Bytes>, Error> {
+        poll_fn(|cx| self.with_driver(|inner, key| inner.poll_read_chunk(key, cx.waker(), max)))
+            .await
+    }
+
+    async fn write_chunks(&self, chunks: &mut [Bytes]) -> Result<(), Error> {
+        for chunk in chunks {
+            while !chunk.is_empty() {
+                poll_fn(|cx| {
+                    self.with_driver(|inner, key| inner.poll_write_chunk(key, cx.waker(), chunk))
+                })
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -147,6 +165,63 @@ impl Stream {
         poll_fn(|cx| handle.shared.lock().poll_flush(handle.key, cx.waker())).await
     }
 
+    /// Reads up to `max` received bytes without copying them: the returned [`Bytes`] shares the
+    /// buffer the data arrived in. `None` is end of stream. Returns as soon as any data is
+    /// buffered, like `read`; with `max` 0 it returns an empty chunk then.
+    ///
+    /// Cancel safe: a dropped `read_chunk` future has taken nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncRead`] reads (see the [module docs](crate::stream)), as the crate's [`Error`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.write_chunk(bytes::Bytes::from_static(b"hello")).await?;
+    ///
+    /// let mut inbound = server.accept().await?;
+    /// let chunk = inbound.read_chunk(64 * 1024).await?;
+    /// assert_eq!(chunk.as_deref(), Some(&b"hello"[..]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, Error> {
+        self.handle.read_chunk(max).await
+    }
+
+    /// Writes all of `chunk` without copying it (chunks shorter than 4 KiB are copied, which is
+    /// cheaper than sending them as a separate slice). Waits for credit and queue room like
+    /// `write_all`; the bytes go out in as many Data frames as credit allows.
+    ///
+    /// Not cancel safe: a dropped future may have queued a prefix of `chunk`. Use
+    /// [`write_chunks`](Stream::write_chunks), which tracks progress in its argument, where
+    /// that matters.
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncWrite`] writes (see the [module docs](crate::stream)), as the crate's
+    /// [`Error`].
+    pub async fn write_chunk(&mut self, chunk: Bytes) -> Result<(), Error> {
+        self.handle.write_chunks(&mut [chunk]).await
+    }
+
+    /// Writes all of `chunks`, in order, without copying them (see
+    /// [`write_chunk`](Stream::write_chunk)).
+    ///
+    /// Cancel safe in the useful sense: each chunk is advanced past the bytes queued from it,
+    /// so when the future is dropped, what is left in `chunks` is exactly what was not sent.
+    ///
+    /// # Errors
+    ///
+    /// As [`write_chunk`](Stream::write_chunk); `chunks` then shows what was not queued.
+    pub async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), Error> {
+        self.handle.write_chunks(chunks).await
+    }
+
     /// Splits the stream into halves that can be used from different tasks. The stream closes
     /// when both are dropped.
     pub fn into_split(self) -> (ReadHalf, WriteHalf) {
@@ -165,12 +240,39 @@ impl ReadHalf {
     pub fn close_read(&mut self) {
         self.handle.with_driver(|inner, key| inner.close_read(key));
     }
+
+    /// Reads without copying, as [`Stream::read_chunk`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::read_chunk`].
+    pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, Error> {
+        self.handle.read_chunk(max).await
+    }
 }
 
 impl WriteHalf {
     /// The stream's id on the wire.
     pub fn id(&self) -> u32 {
         self.handle.id
+    }
+
+    /// Writes without copying, as [`Stream::write_chunk`] (not cancel safe).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::write_chunk`].
+    pub async fn write_chunk(&mut self, chunk: Bytes) -> Result<(), Error> {
+        self.handle.write_chunks(&mut [chunk]).await
+    }
+
+    /// Writes several chunks without copying, as [`Stream::write_chunks`] (cancel safe).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::write_chunks`].
+    pub async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), Error> {
+        self.handle.write_chunks(chunks).await
     }
 }
 

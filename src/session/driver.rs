@@ -8,6 +8,7 @@
 //! a pending transport write does not stop reads (both are polled in the same turn).
 
 use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -17,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
+use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
 use super::state::Shared;
 use crate::codec::FrameCodec;
@@ -41,8 +43,8 @@ pub struct Connection<T> {
     codec: FrameCodec,
     read_buf: ReadBuffer,
     /// Bytes being written to the transport, swapped with the shared queue when empty.
-    write_buf: Vec<u8>,
-    write_pos: usize,
+    write_buf: OutQueue,
+    written: Cursor,
     /// `queued_total` at the end of `write_buf`.
     write_mark: u64,
     /// Whether bytes were written since the transport was last flushed.
@@ -129,8 +131,8 @@ where
             shared,
             codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
             read_buf: ReadBuffer::new(),
-            write_buf: Vec::new(),
-            write_pos: 0,
+            write_buf: OutQueue::new(),
+            written: Cursor::default(),
             write_mark: 0,
             unflushed: false,
             phase: Phase::Active,
@@ -247,30 +249,52 @@ where
     /// Writes queued bytes until the transport would block or nothing is queued, then flushes.
     /// `Ready(Ok)` means everything queued so far is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let mut took = false;
         loop {
-            if self.write_pos == self.write_buf.len() {
+            if self.write_buf.is_written(&self.written) {
                 let mut inner = self.shared.lock();
                 inner.queue_pending_control();
                 if inner.out.is_empty() {
+                    // Room nobody has claimed: the tasks woken for it may have been cancelled.
+                    // Pass it on (unless it was just handed out), and come back to check again
+                    // until nobody waits, since nothing else may wake this task.
+                    let waiting = if took {
+                        inner.space_waiting()
+                    } else {
+                        inner.wake_space(&mut self.wakers)
+                    };
+                    if waiting {
+                        cx.waker().wake_by_ref();
+                    }
                     drop(inner);
+                    self.wake_collected();
                     break;
                 }
                 self.write_buf.clear();
-                self.write_pos = 0;
+                self.written = Cursor::default();
                 std::mem::swap(&mut inner.out, &mut self.write_buf);
                 self.write_mark = inner.queued_total;
-                inner.out_taken(&mut self.wakers);
+                inner.wake_space(&mut self.wakers);
+                took = true;
                 drop(inner);
                 self.wake_collected();
             }
-            match Pin::new(&mut self.io).poll_write(cx, &self.write_buf[self.write_pos..]) {
+            let io = Pin::new(&mut self.io);
+            let result = if io.is_write_vectored() {
+                let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+                let count = self.write_buf.slices(&self.written, &mut slices);
+                io.poll_write_vectored(cx, &slices[..count])
+            } else {
+                io.poll_write(cx, self.write_buf.next_slice(&self.written))
+            };
+            match result {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(
                         std::io::Error::from(std::io::ErrorKind::WriteZero).into()
                     ))
                 }
                 Poll::Ready(Ok(n)) => {
-                    self.write_pos += n;
+                    self.write_buf.advance(&mut self.written, n);
                     self.unflushed = true;
                     if let Some(keepalive) = &mut self.keepalive {
                         keepalive.last = Instant::now();
@@ -434,7 +458,7 @@ where
             // Sleep until a handle queues output (it takes this waker) or the transport or a
             // timer wakes us. Checked and registered under one lock, so no output is missed.
             let mut inner = this.shared.lock();
-            let write_buf_empty = this.write_pos == this.write_buf.len();
+            let write_buf_empty = this.write_buf.is_written(&this.written);
             if write_buf_empty && inner.has_output()
                 || inner.abandoned()
                 || this.read_paused && !inner.refusals_full()

@@ -1,6 +1,7 @@
 //! [`Session`]: the handle to one multiplexed connection, and the driver behind it.
 
 mod driver;
+mod out_queue;
 mod read_buf;
 mod slab;
 pub(crate) mod state;

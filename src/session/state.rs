@@ -13,6 +13,7 @@ use std::task::{Poll, Waker};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::time::Instant;
 
+use super::out_queue::OutQueue;
 use super::slab::Slab;
 use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
@@ -27,6 +28,11 @@ const PIN_MIN: usize = 16 * 1024;
 
 /// Allocation unit of a stream's buffer for copied small payloads.
 const TAIL_MIN: usize = 4 * 1024;
+
+/// Drained stream buffers kept for reuse by the session (at most `TAIL_MIN`-ish each), so that
+/// streams can give their buffer back whenever they are drained without every burst of small
+/// frames allocating anew.
+const TAIL_POOL: usize = 64;
 
 // Stream flags. "Local" is what this side did, "peer" what the peer told us.
 /// We sent CloseRead (write side shut down): our writes fail.
@@ -88,7 +94,7 @@ impl StreamState {
         self.flags & flags != 0
     }
 
-    fn push_data(&mut self, payload: Bytes) {
+    fn push_data(&mut self, payload: Bytes, pool: &mut Vec<BytesMut>) {
         self.buffered += payload.len() as u32;
         if payload.len() >= PIN_MIN {
             if !self.tail.is_empty() {
@@ -97,10 +103,43 @@ impl StreamState {
             self.chunks.push_back(payload);
         } else {
             if self.tail.capacity() - self.tail.len() < payload.len() {
+                if self.tail.is_empty() {
+                    if let Some(spare) = pool.pop() {
+                        self.tail = spare;
+                    }
+                }
                 self.tail.reserve(payload.len().max(TAIL_MIN));
             }
             self.tail.extend_from_slice(&payload);
         }
+    }
+
+    /// Gives the buffer for small payloads back to the session's pool once everything in it is
+    /// read, so a drained stream holds no buffer. A buffer still shared with a chunk handed out
+    /// by `read_chunk` is dropped instead (its memory goes when the chunk does).
+    fn give_back_tail(&mut self, pool: &mut Vec<BytesMut>) {
+        if self.buffered > 0 || self.tail.capacity() == 0 {
+            return;
+        }
+        let mut tail = std::mem::take(&mut self.tail);
+        tail.clear();
+        if pool.len() < TAIL_POOL && tail.try_reclaim(TAIL_MIN) {
+            pool.push(tail);
+        }
+    }
+
+    /// Takes up to `max` bytes from the front of the buffered data, without copying.
+    fn take_chunk(&mut self, max: usize) -> Bytes {
+        let chunk = match self.chunks.front_mut() {
+            Some(front) if front.len() > max => front.split_to(max),
+            Some(_) => self.chunks.pop_front().unwrap_or_default(),
+            None => {
+                let n = max.min(self.tail.len());
+                self.tail.split_to(n).freeze()
+            }
+        };
+        self.buffered -= chunk.len() as u32;
+        chunk
     }
 
     /// Copies buffered data into `dst`, oldest first; returns the count.
@@ -196,7 +235,7 @@ pub(crate) struct Inner {
     accept_wakers: Vec<Waker>,
 
     /// Frames queued for the transport, in order.
-    pub(crate) out: Vec<u8>,
+    pub(crate) out: OutQueue,
     /// Bytes ever appended to `out`.
     pub(crate) queued_total: u64,
     /// Bytes the driver has written to the transport and flushed.
@@ -205,8 +244,9 @@ pub(crate) struct Inner {
     credit_queue: VecDeque<usize>,
     /// Inbound streams refused for want of room, to be answered with CloseStream.
     pub(crate) refusals: VecDeque<u32>,
-    /// Writers and openers waiting for `out` to drop below `write_buffer_size`.
-    space_wakers: Vec<Waker>,
+    /// Writers and openers waiting for `out` to drop below `write_buffer_size`, oldest first,
+    /// each with the bytes it means to queue. See [`Inner::wake_space`].
+    space_waiters: VecDeque<(Waker, usize)>,
     /// Tasks waiting until `written_total` reaches the mark.
     flush_wakers: VecDeque<(u64, Waker)>,
     pub(crate) driver_waker: Option<Waker>,
@@ -228,6 +268,8 @@ pub(crate) struct Inner {
     clock: Instant,
     /// The smallest round trip measured, in microseconds.
     min_rtt: Option<u64>,
+    /// Drained stream buffers for reuse, at most [`TAIL_POOL`].
+    tail_pool: Vec<BytesMut>,
     /// What streams may still add to their windows, see `Config::receive_window_budget`.
     window_budget: u64,
 }
@@ -246,13 +288,12 @@ impl Inner {
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
             accept_wakers: Vec::new(),
-            // Grows with use and is kept: idle sessions stay small, busy ones stop allocating.
-            out: Vec::new(),
+            out: OutQueue::new(),
             queued_total: 0,
             written_total: 0,
             credit_queue: VecDeque::new(),
             refusals: VecDeque::new(),
-            space_wakers: Vec::new(),
+            space_waiters: VecDeque::new(),
             flush_wakers: VecDeque::new(),
             driver_waker: None,
             end: None,
@@ -263,6 +304,8 @@ impl Inner {
             session_handles: 1,
             clock: Instant::now(),
             min_rtt: None,
+            // Its full size at once: a few hundred bytes, and no allocation when it fills.
+            tail_pool: Vec::with_capacity(TAIL_POOL),
             window_budget: config.receive_window_budget,
             config,
         }
@@ -299,15 +342,13 @@ impl Inner {
         self.queued_total += HEADER_LEN as u64;
     }
 
-    fn queue_data(&mut self, id: u32, data: &[u8]) {
-        let header = Header {
+    fn queue_data_header(&mut self, id: u32, length: usize) {
+        self.queue_header(Header {
             id,
-            length: data.len() as u32,
+            length: length as u32,
             kind: Kind::Data,
-        };
-        self.out.extend_from_slice(&header.to_bytes());
-        self.out.extend_from_slice(data);
-        self.queued_total += (HEADER_LEN + data.len()) as u64;
+        });
+        self.queued_total += length as u64;
     }
 
     /// Turns pending refusals and owed credit into frames while `out` has room. Frames the
@@ -358,9 +399,31 @@ impl Inner {
             || (!self.refusals.is_empty() || !self.credit_queue.is_empty()) && self.out_has_room()
     }
 
-    /// Called by the driver once it has taken `out`: writers waiting for room may go on.
-    pub(crate) fn out_taken(&mut self, wakers: &mut Vec<Waker>) {
-        wakers.append(&mut self.space_wakers);
+    /// Wakes writers and openers waiting for room in `out`, oldest first, until what they mean
+    /// to queue fills the room; returns whether any are left waiting.
+    ///
+    /// Waking them all instead would wake every blocked task (tens of thousands with as many
+    /// streams) for the few that fit, and all but those would queue up again: quadratic work.
+    /// A woken task whose write was cancelled leaves its share unused; the driver passes unused
+    /// room on (it calls this again whenever it finds `out` empty), so nobody waits behind it.
+    pub(crate) fn wake_space(&mut self, wakers: &mut Vec<Waker>) -> bool {
+        let mut room = self.config.write_buffer_size.saturating_sub(self.out.len());
+        while room > 0 {
+            let Some((waker, want)) = self.space_waiters.pop_front() else {
+                break;
+            };
+            room = room.saturating_sub(want);
+            wakers.push(waker);
+        }
+        !self.space_waiters.is_empty()
+    }
+
+    pub(crate) fn space_waiting(&self) -> bool {
+        !self.space_waiters.is_empty()
+    }
+
+    fn wait_for_space(&mut self, waker: &Waker, want: usize) {
+        self.space_waiters.push_back((waker.clone(), want));
     }
 
     /// Called by the driver once everything up to `total` is written and flushed.
@@ -452,7 +515,7 @@ impl Inner {
             // peer's writes fail from now on anyway.
             return Ok(());
         }
-        stream.push_data(payload);
+        stream.push_data(payload, &mut self.tail_pool);
         wakers.extend(stream.read_waker.take());
         if let Some(sample) = arrival.rtt_sample {
             self.min_rtt = Some(min_rtt.map_or(sample, |rtt| rtt.min(sample)));
@@ -514,7 +577,7 @@ impl Inner {
             stream.wake_all(wakers);
         }
         wakers.append(&mut self.accept_wakers);
-        wakers.append(&mut self.space_wakers);
+        wakers.extend(self.space_waiters.drain(..).map(|(waker, _)| waker));
         wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
         wakers.extend(self.driver_waker.take());
     }
@@ -537,7 +600,7 @@ impl Inner {
         wakers.append(&mut self.close_wakers);
         // Nothing will be written any more: flushes that were still waiting learn it now.
         wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
-        wakers.append(&mut self.space_wakers);
+        wakers.extend(self.space_waiters.drain(..).map(|(waker, _)| waker));
     }
 
     // ---------------------------------------------------------------------------------------
@@ -552,7 +615,7 @@ impl Inner {
             return Poll::Ready(Err(Error::TooManyStreams));
         }
         if !self.out_has_room() {
-            self.space_wakers.push(waker.clone());
+            self.wait_for_space(waker, HEADER_LEN);
             return Poll::Pending;
         }
         // Ids wrap at 2^32; skip any still live. `max_streams` < 2^31 guarantees a free one.
@@ -643,25 +706,51 @@ impl Inner {
         waker: &Waker,
         dst: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<Result<(), Error>> {
+        self.poll_read_with(key, waker, |stream| {
+            let read = stream.read_into(dst);
+            (read, ())
+        })
+        .map_ok(drop)
+    }
+
+    /// Hands out up to `max` buffered bytes without copying them; `None` at end of stream.
+    pub(crate) fn poll_read_chunk(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        max: usize,
+    ) -> Poll<Result<Option<Bytes>, Error>> {
+        self.poll_read_with(key, waker, |stream| {
+            let chunk = stream.take_chunk(max);
+            (chunk.len(), chunk)
+        })
+    }
+
+    /// The read path shared by `poll_read` and `poll_read_chunk`: `read` takes buffered data
+    /// and says how much. `Ok(None)` is end of stream.
+    fn poll_read_with<R>(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        read: impl FnOnce(&mut StreamState) -> (usize, R),
+    ) -> Poll<Result<Option<R>, Error>> {
         let Some(stream) = self.streams.get_mut(key) else {
-            return Poll::Ready(Ok(()));
+            return Poll::Ready(Ok(None));
         };
         if stream.has(READ_SHUT) {
-            return Poll::Ready(Ok(()));
+            return Poll::Ready(Ok(None));
         }
         if stream.buffered > 0 {
-            if dst.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            let read = stream.read_into(dst);
-            stream.recv_window.consume(read as u32);
+            let (count, result) = read(stream);
+            stream.recv_window.consume(count as u32);
+            stream.give_back_tail(&mut self.tail_pool);
             if self.end.is_none() && stream.recv_window.update_due(stream.buffered == 0) {
                 self.queue_credit(key);
             }
-            return Poll::Ready(Ok(()));
+            return Poll::Ready(Ok(Some(result)));
         }
         if stream.has(PEER_WRITE_SHUT | PEER_CLOSED) {
-            return Poll::Ready(Ok(())); // End of stream.
+            return Poll::Ready(Ok(None)); // End of stream.
         }
         if let Some(error) = &self.end {
             return Poll::Ready(Err(error.clone()));
@@ -676,6 +765,45 @@ impl Inner {
         waker: &Waker,
         data: &[u8],
     ) -> Poll<Result<usize, Error>> {
+        let (id, n) = match self.grant_write(key, waker, data.len()) {
+            Poll::Ready(Ok(grant)) => grant,
+            other => return other.map_ok(|_| 0),
+        };
+        if n > 0 {
+            self.queue_data_header(id, n);
+            self.out.extend_from_slice(&data[..n]);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Queues a Data frame with as much of `chunk` as credit and room allow at once, without
+    /// copying it, and advances `chunk` past it; see [`Inner::poll_write`].
+    pub(crate) fn poll_write_chunk(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        chunk: &mut Bytes,
+    ) -> Poll<Result<usize, Error>> {
+        let (id, n) = match self.grant_write(key, waker, chunk.len()) {
+            Poll::Ready(Ok(grant)) => grant,
+            other => return other.map_ok(|_| 0),
+        };
+        if n > 0 {
+            self.queue_data_header(id, n);
+            self.out.push_chunk(chunk.split_to(n));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Admits a write of up to `len` bytes: the stream's id and how many bytes may go in one
+    /// frame now (0 only when `len` is), with the credit for them taken. Pending, with the
+    /// waker registered, while the stream has no credit or `out` no room.
+    fn grant_write(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        len: usize,
+    ) -> Poll<Result<(u32, usize), Error>> {
         let room = self.out_has_room();
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
@@ -683,28 +811,25 @@ impl Inner {
         if let Some(error) = write_error(stream, &self.end) {
             return Poll::Ready(Err(error));
         }
-        if data.is_empty() {
-            return Poll::Ready(Ok(0));
+        if len == 0 {
+            return Poll::Ready(Ok((stream.id, 0)));
         }
         if stream.send_credit == 0 {
             stream.write_waker = Some(waker.clone());
             return Poll::Pending;
         }
-        if !room {
-            stream.write_waker = Some(waker.clone());
-            self.space_wakers.push(waker.clone());
-            return Poll::Pending;
-        }
         // Use whatever credit there is: a partial frame now beats a whole one later.
-        let n = data
-            .len()
+        let n = len
             .min(stream.send_credit as usize)
             .min(self.config.max_payload);
+        if !room {
+            stream.write_waker = Some(waker.clone());
+            self.wait_for_space(waker, HEADER_LEN + n);
+            return Poll::Pending;
+        }
         stream.send_credit -= n as u32;
         stream.last_queued = self.queued_total + (HEADER_LEN + n) as u64;
-        let id = stream.id;
-        self.queue_data(id, &data[..n]);
-        Poll::Ready(Ok(n))
+        Poll::Ready(Ok((stream.id, n)))
     }
 
     /// Doubles a stream's receive window, within the per-stream ceiling and the session's
@@ -820,7 +945,8 @@ mod tests {
     fn queued_headers(inner: &mut Inner) -> Vec<Header> {
         inner.queue_pending_control();
         let mut headers = Vec::new();
-        let mut rest = &inner.out[..];
+        let queued = inner.out.to_vec();
+        let mut rest = &queued[..];
         while rest.len() >= HEADER_LEN {
             let mut raw = [0; HEADER_LEN];
             raw.copy_from_slice(&rest[..HEADER_LEN]);
