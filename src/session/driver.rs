@@ -62,6 +62,10 @@ pub struct Connection<T> {
     timers_started: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
     close_timeout: Duration,
+    /// `gomux{session, role}`, entered while the driver runs.
+    #[cfg(feature = "tracing")]
+    span: tracing::Span,
+    _end_on_drop: EndOnDrop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +123,7 @@ where
         let (max_payload, keepalive, idle, close_timeout) = {
             let inner = shared.lock();
             let c = &inner.config;
+            crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
             (
                 c.max_payload,
                 c.keepalive_interval,
@@ -126,6 +131,12 @@ where
                 c.close_timeout,
             )
         };
+        #[cfg(feature = "tracing")]
+        let span = {
+            let inner = shared.lock();
+            tracing::debug_span!("gomux", session = inner.id, role = ?inner.role)
+        };
+        let end_on_drop = EndOnDrop(Arc::clone(&shared));
         Connection {
             io,
             shared,
@@ -145,7 +156,42 @@ where
             timers_started: false,
             close_deadline: None,
             close_timeout,
+            #[cfg(feature = "tracing")]
+            span,
+            _end_on_drop: end_on_drop,
         }
+    }
+
+    /// The transport.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// Takes the transport back. Once this future has resolved the session is over and the
+    /// transport was shut down (after a graceful close) or failed; before that, this ends the
+    /// session as dropping the driver would, without a CloseMux, leaving the transport as it
+    /// is, perhaps in the middle of a frame.
+    ///
+    /// Only a driver you poll yourself ([`Session::new`](crate::Session::new)) can be taken
+    /// apart: the constructors that spawn it keep it inside the task, which drops the
+    /// transport when the session ends.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (io, _peer) = tokio::io::duplex(1024);
+    /// let (session, mut connection) =
+    ///     gomux::Session::new(io, gomux::Role::Client, gomux::Config::default());
+    /// let (closed, driven) = tokio::join!(session.close(), &mut connection);
+    /// closed?;
+    /// driven?;
+    /// let io: tokio::io::DuplexStream = connection.into_inner();
+    /// # drop(io);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.io
     }
 
     fn wake_collected(&mut self) {
@@ -332,6 +378,7 @@ where
         if self.keepalive.as_mut().is_some_and(|t| t.poll_expired(cx)) {
             let mut inner = self.shared.lock();
             inner.queue_header(Header::new(0, Kind::Keepalive));
+            inner.stats.keepalives_sent += 1;
         }
     }
 
@@ -423,6 +470,8 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let this = &mut *self;
+        #[cfg(feature = "tracing")]
+        let _span = this.span.clone().entered();
         // States: Active (read, write, time) until the session ends; then Flushing (write what
         // is queued, CloseMux included), ShuttingDown (close the transport), Done.
         loop {
@@ -477,13 +526,18 @@ where
     }
 }
 
-impl<T> Drop for Connection<T> {
+/// Ends the session when the driver goes away before it finished (dropped, or taken apart by
+/// [`Connection::into_inner`]): every stream operation then fails with
+/// [`Error::ClosedLocally`] instead of waiting for a driver that is gone.
+struct EndOnDrop(Arc<Shared>);
+
+impl Drop for EndOnDrop {
     fn drop(&mut self) {
-        if self.phase == Phase::Done {
+        let mut wakers = Vec::new();
+        let mut inner = self.0.lock();
+        if inner.finished {
             return;
         }
-        let mut wakers = Vec::new();
-        let mut inner = self.shared.lock();
         inner.end(Error::ClosedLocally, false, &mut wakers);
         inner.finish(&mut wakers);
         drop(inner);

@@ -18,6 +18,7 @@ pub use self::driver::Connection;
 use self::state::Shared;
 use crate::config::{Config, Role};
 use crate::error::Error;
+use crate::stats::Stats;
 use crate::stream::Stream;
 
 /// A handle to one gomux session: opens and accepts streams, and closes the session.
@@ -220,6 +221,12 @@ impl Session {
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
     }
+
+    /// A snapshot of the session's counters: bytes and frames each way, streams, keepalives,
+    /// buffered data. See [`Stats`].
+    pub fn stats(&self) -> Stats {
+        self.shared.lock().stats()
+    }
 }
 
 impl Clone for Session {
@@ -241,6 +248,7 @@ impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = self.shared.lock();
         f.debug_struct("Session")
+            .field("id", &inner.id)
             .field("role", &inner.role)
             .field("streams", &inner.stream_count())
             .field("end", &inner.end)

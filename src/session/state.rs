@@ -19,6 +19,8 @@ use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
 use crate::flow::{add_send_credit, RecvWindow, Tuner};
 use crate::frame::{Frame, Header, Kind, HEADER_LEN, INITIAL_WINDOW};
+use crate::stats::Stats;
+use crate::trace::{event, next_session_id};
 
 /// Payloads at least this long are kept as slices of the read buffer (no copy); shorter ones are
 /// copied into the stream's own buffer, so that a few small unread frames cannot pin many large
@@ -225,6 +227,8 @@ impl Shared {
 }
 
 pub(crate) struct Inner {
+    /// The session's number in log lines.
+    pub(crate) id: u64,
     pub(crate) role: Role,
     pub(crate) config: Config,
     streams: Slab<StreamState>,
@@ -268,6 +272,8 @@ pub(crate) struct Inner {
     clock: Instant,
     /// The smallest round trip measured, in microseconds.
     min_rtt: Option<u64>,
+    /// Counters for `Session::stats`; `live_streams` is filled in when a snapshot is taken.
+    pub(crate) stats: Stats,
     /// Drained stream buffers for reuse, at most [`TAIL_POOL`].
     tail_pool: Vec<BytesMut>,
     /// What streams may still add to their windows, see `Config::receive_window_budget`.
@@ -282,6 +288,7 @@ fn micros(clock: Instant) -> u64 {
 impl Inner {
     fn new(role: Role, config: Config) -> Inner {
         Inner {
+            id: next_session_id(),
             role,
             streams: Slab::new(),
             ids: HashMap::new(),
@@ -304,6 +311,7 @@ impl Inner {
             session_handles: 1,
             clock: Instant::now(),
             min_rtt: None,
+            stats: Stats::default(),
             // Its full size at once: a few hundred bytes, and no allocation when it fills.
             tail_pool: Vec::with_capacity(TAIL_POOL),
             window_budget: config.receive_window_budget,
@@ -340,6 +348,23 @@ impl Inner {
     pub(crate) fn queue_header(&mut self, header: Header) {
         self.out.extend_from_slice(&header.to_bytes());
         self.queued_total += HEADER_LEN as u64;
+        self.stats.frames_sent += 1;
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
+            live_streams: self.streams.len(),
+            bytes_sent: self.written_total,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Counts `n` bytes newly buffered (positive) or taken from the buffers (negative).
+    fn count_buffered(&mut self, n: i64) {
+        let stats = &mut self.stats;
+        stats.buffered = stats.buffered.saturating_add_signed(n);
+        stats.peak_buffered = stats.peak_buffered.max(stats.buffered);
     }
 
     fn queue_data_header(&mut self, id: u32, length: usize) {
@@ -455,6 +480,8 @@ impl Inner {
     /// Applies one received frame. `Err` ends the session with that error.
     pub(crate) fn on_frame(&mut self, frame: Frame, wakers: &mut Vec<Waker>) -> Result<(), Error> {
         let Header { id, length, kind } = frame.header;
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += (HEADER_LEN + frame.payload.len()) as u64;
         match kind {
             Kind::Data => self.on_data(id, frame.payload, wakers)?,
             Kind::WindowUpdate => {
@@ -476,7 +503,7 @@ impl Inner {
             Kind::CloseStream => {
                 self.on_peer_close(id, PEER_CLOSED | PEER_WRITE_SHUT | PEER_READ_SHUT, wakers)
             }
-            Kind::Keepalive => {}
+            Kind::Keepalive => self.stats.keepalives_received += 1,
             Kind::CloseMux => return Err(Error::ClosedByPeer),
         }
         Ok(())
@@ -517,6 +544,7 @@ impl Inner {
         }
         stream.push_data(payload, &mut self.tail_pool);
         wakers.extend(stream.read_waker.take());
+        self.count_buffered(i64::from(length));
         if let Some(sample) = arrival.rtt_sample {
             self.min_rtt = Some(min_rtt.map_or(sample, |rtt| rtt.min(sample)));
         }
@@ -538,8 +566,22 @@ impl Inner {
             || self.streams.len() >= self.config.max_streams
         {
             self.refusals.push_back(id);
+            self.stats.streams_refused += 1;
+            event!(
+                debug,
+                session = self.id,
+                stream = id,
+                "inbound stream refused"
+            );
             return Ok(());
         }
+        self.stats.streams_accepted += 1;
+        event!(
+            trace,
+            session = self.id,
+            stream = id,
+            "inbound stream queued"
+        );
         // The accept queue holds the stream's one handle until `accept` hands it out.
         let key = self.insert_stream(id, 1);
         self.accept_queue.push_back(key);
@@ -571,6 +613,7 @@ impl Inner {
         if self.end.is_some() {
             return;
         }
+        event!(debug, session = self.id, error = %error, "session ended");
         self.end = Some(error);
         self.send_close_mux = send_close_mux;
         for stream in self.streams.iter_mut() {
@@ -626,6 +669,8 @@ impl Inner {
         self.next_id = id.wrapping_add(2);
         let key = self.insert_stream(id, 1);
         self.queue_header(Header::new(id, Kind::OpenStream));
+        self.stats.streams_opened += 1;
+        event!(trace, session = self.id, stream = id, "stream opened");
         Poll::Ready(Ok((key, id)))
     }
 
@@ -693,8 +738,17 @@ impl Inner {
             .target()
             .saturating_sub(self.config.receive_window);
         self.window_budget += u64::from(grown);
+        let unread = stream.buffered;
+        self.count_buffered(-i64::from(unread));
         self.streams.remove(key);
         self.ids.remove(&id);
+        event!(
+            trace,
+            session = self.id,
+            stream = id,
+            unread,
+            "stream released"
+        );
         if send_close {
             self.queue_header(Header::new(id, Kind::CloseStream));
         }
@@ -747,6 +801,7 @@ impl Inner {
             if self.end.is_none() && stream.recv_window.update_due(stream.buffered == 0) {
                 self.queue_credit(key);
             }
+            self.count_buffered(-(count as i64));
             return Poll::Ready(Ok(Some(result)));
         }
         if stream.has(PEER_WRITE_SHUT | PEER_CLOSED) {
@@ -850,6 +905,13 @@ impl Inner {
         }
         self.window_budget -= u64::from(extra);
         stream.recv_window.grow(extra);
+        event!(
+            trace,
+            session = self.id,
+            stream = stream.id,
+            window = target + extra,
+            "receive window grown"
+        );
         self.queue_credit(key);
     }
 
@@ -879,7 +941,9 @@ impl Inner {
         let already = stream.flags & flags == flags;
         let send = live && !already && !stream.has(PEER_CLOSED | LOCAL_CLOSED);
         stream.flags |= flags;
+        let mut discarded = 0;
         if flags & READ_SHUT != 0 {
+            discarded = stream.buffered;
             stream.discard_buffered();
         }
         if send {
@@ -887,6 +951,7 @@ impl Inner {
             let id = stream.id;
             self.queue_header(Header::new(id, kind));
         }
+        self.count_buffered(-i64::from(discarded));
     }
 
     /// Half-close of the write side: CloseRead on the wire.

@@ -1,0 +1,26 @@
+//! Logging through `tracing`, when the `tracing` feature is on; nothing otherwise.
+//!
+//! Every event carries the session's number (`session`, unique in the process) and, where one
+//! is concerned, the stream's wire id (`stream`). The driver also runs inside a span
+//! `gomux{session, role}`, so events from the protocol logic it drives are attributed too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Numbers sessions in the order they are created, for log lines.
+pub(crate) fn next_session_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `event!(level, fields…; "message")`: a `tracing` event at `level` (`trace`, `debug`, `info`,
+/// `warn`, `error`) when the feature is on. The arguments are those of `tracing`'s macros.
+macro_rules! event {
+    ($level:ident, $($arg:tt)+) => {
+        #[cfg(feature = "tracing")]
+        {
+            tracing::$level!($($arg)+);
+        }
+    };
+}
+
+pub(crate) use event;

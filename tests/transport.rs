@@ -1,0 +1,45 @@
+//! The transport after the session: `Connection::into_inner` gives it back.
+
+mod common;
+
+use common::within;
+use gomux::frame::{Header, Kind, HEADER_LEN};
+use gomux::{Config, Error, Role, Session};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test]
+async fn after_a_graceful_close_the_transport_comes_back_shut_down() {
+    let (io, mut peer) = tokio::io::duplex(1024);
+    let (session, mut connection) = Session::new(io, Role::Client, Config::default());
+    let (closed, driven) = within("close", async {
+        tokio::join!(session.close(), &mut connection)
+    })
+    .await;
+    closed.expect("graceful close");
+    driven.expect("the driver's outcome");
+    let io = connection.into_inner();
+
+    // The peer saw CloseMux, then end of file: the transport was shut down for writing...
+    let mut seen = Vec::new();
+    within("the peer's read", peer.read_to_end(&mut seen))
+        .await
+        .expect("read");
+    let header = Header::from_bytes(seen[..HEADER_LEN].try_into().expect("8 bytes"));
+    assert_eq!(header.expect("a frame").kind, Kind::CloseMux);
+    // ...and it is the same transport: what the peer writes arrives on it.
+    peer.write_all(b"after").await.expect("write");
+    let mut io = io;
+    let mut after = [0; 5];
+    io.read_exact(&mut after).await.expect("read");
+    assert_eq!(&after, b"after");
+}
+
+#[tokio::test]
+async fn taking_the_transport_from_a_running_session_ends_it() {
+    let (io, _peer) = tokio::io::duplex(1024);
+    let (session, connection) = Session::new(io, Role::Client, Config::default());
+    let _io = connection.into_inner();
+    let error = session.open().await.expect_err("no driver any more");
+    assert!(matches!(error, Error::ClosedLocally), "{error:?}");
+    assert!(matches!(session.closed().await, Error::ClosedLocally));
+}
