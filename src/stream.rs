@@ -152,17 +152,29 @@ impl Stream {
     }
 
     /// Closes the stream both ways (CloseStream) and waits until everything written on it,
-    /// the close included, has been written to the transport. Afterwards reads return
-    /// end-of-stream and writes fail.
+    /// the close included, has been written to the transport, for at most the session's
+    /// [close timeout](crate::Config::close_timeout). Afterwards reads return end-of-stream
+    /// and writes fail.
     ///
     /// # Errors
     ///
-    /// The session's error when it ended before the stream's data reached the transport.
+    /// The session's error when it ended before the stream's data reached the transport; a
+    /// [`Error::Transport`] of kind `TimedOut` when the transport did not take it within the
+    /// close timeout (it stays queued, and goes out if the transport recovers).
     pub async fn close(&mut self) -> Result<(), Error> {
-        self.handle
-            .with_driver(|inner, key| inner.close_stream(key));
+        let limit = self.handle.with_driver(|inner, key| {
+            inner.close_stream(key);
+            inner.config.close_timeout
+        });
         let handle = &self.handle;
-        poll_fn(|cx| handle.shared.lock().poll_flush(handle.key, cx.waker())).await
+        let flushed = poll_fn(|cx| handle.shared.lock().poll_flush(handle.key, cx.waker()));
+        match tokio::time::timeout(limit, flushed).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Transport(Arc::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the transport did not take the stream's data within the close timeout",
+            )))),
+        }
     }
 
     /// Reads up to `max` received bytes without copying them: the returned [`Bytes`] shares the

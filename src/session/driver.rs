@@ -62,6 +62,8 @@ pub struct Connection<T> {
     timers_started: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
     close_timeout: Duration,
+    /// A write to the transport failed: why, and until when the driver reads on.
+    write_failed: Option<(Error, Pin<Box<Sleep>>)>,
     /// `gomux{session, role}`, entered while the driver runs.
     #[cfg(feature = "tracing")]
     span: tracing::Span,
@@ -156,6 +158,7 @@ where
             timers_started: false,
             close_deadline: None,
             close_timeout,
+            write_failed: None,
             #[cfg(feature = "tracing")]
             span,
             _end_on_drop: end_on_drop,
@@ -230,7 +233,9 @@ where
                     return false;
                 }
                 Poll::Ready(Ok(0)) => {
-                    let error = if self.read_buf.is_empty() && !self.codec.in_frame() {
+                    let error = if let Some((error, _)) = &self.write_failed {
+                        error.clone()
+                    } else if self.read_buf.is_empty() && !self.codec.in_frame() {
                         Error::ConnectionClosed
                     } else {
                         Error::UnexpectedEof
@@ -426,12 +431,15 @@ where
             return Poll::Ready(());
         }
         if self.phase == Phase::Flushing {
-            let transport_dead = matches!(
-                self.shared.lock().end,
-                Some(Error::Transport(_) | Error::UnexpectedEof)
-            );
+            let transport_dead = self.write_failed.is_some()
+                || matches!(
+                    self.shared.lock().end,
+                    Some(Error::Transport(_) | Error::UnexpectedEof)
+                );
             if transport_dead {
-                self.finish(None);
+                // What was queued cannot be written: a failed write is reported by `close`.
+                let failed = self.write_failed.as_ref().map(|(error, _)| error.clone());
+                self.finish(failed);
                 return Poll::Ready(());
             }
             match self.poll_write_out(cx) {
@@ -490,10 +498,25 @@ where
             if this.phase != Phase::Active {
                 continue;
             }
-            if let Poll::Ready(Err(error)) = this.poll_write_out(cx) {
-                this.end(error, false);
-                this.check_end();
-                continue;
+            match &mut this.write_failed {
+                None => {
+                    if let Poll::Ready(Err(error)) = this.poll_write_out(cx) {
+                        // The peer may have sent data, even its CloseMux, before the connection
+                        // failed: read on until the transport ends (for at most the close
+                        // timeout), so that none of it is lost. Writes go nowhere meanwhile.
+                        let deadline = Box::pin(tokio::time::sleep(this.close_timeout));
+                        this.write_failed = Some((error, deadline));
+                        continue;
+                    }
+                }
+                Some((error, deadline)) => {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        let error = error.clone();
+                        this.end(error, false);
+                        this.check_end();
+                        continue;
+                    }
+                }
             }
             this.poll_timers(cx);
             this.check_end();
@@ -508,7 +531,8 @@ where
             // timer wakes us. Checked and registered under one lock, so no output is missed.
             let mut inner = this.shared.lock();
             let write_buf_empty = this.write_buf.is_written(&this.written);
-            if write_buf_empty && inner.has_output()
+            let can_write = this.write_failed.is_none();
+            if can_write && write_buf_empty && inner.has_output()
                 || inner.abandoned()
                 || this.read_paused && !inner.refusals_full()
             {
