@@ -6,6 +6,8 @@
 //!   writes: what the kernel can do without any multiplexing.
 //! - `gomux-tcp/N`, `gomux-duplex/N`: gomux over one loopback TCP connection and over an
 //!   in-memory pipe (which isolates the multiplexer from the kernel), N streams.
+//! - `gomux-tcp-zc/N`: as `gomux-tcp`, through the zero-copy API: the writers queue their
+//!   64 KiB pieces with `write_chunk` and the readers take `read_chunk`s, so neither copies.
 //! - `yamux-tcp/N`: yamux over loopback TCP, same workload (stream limits raised, see
 //!   `support::yamux_config`).
 //!
@@ -67,6 +69,9 @@ fn throughput(c: &mut Criterion) {
             streams,
             CHUNK,
         );
+        let gomux_zero_copy = rt.block_on(support::gomux_tcp(Config::default()));
+        let gomux_zero_copy = support::ZeroCopyPair(gomux_zero_copy.expect("gomux over TCP"));
+        rows.add("gomux-tcp-zc", gomux_zero_copy, streams, CHUNK);
         let gomux_duplex = {
             let _runtime = rt.enter();
             support::gomux_duplex(Config::default())

@@ -50,7 +50,7 @@ use support::{Connector, Digest, Payload};
 
 const USAGE: &str = "\
 usage: speed [--mode MODE] [--bytes N | --file PATH] [--streams K] [--chunk C]
-  MODE: tcp, mux-tcp, memory, mux-memory, yamux-tcp or all (default all)
+  MODE: tcp, mux-tcp, mux-tcp-zc, memory, mux-memory, yamux-tcp or all (default all)
   N, C: sizes like 4096, 64K, 512M, 1G (defaults: --bytes 1G, --chunk 64K)
   K: streams sent at once (default 1)";
 
@@ -63,6 +63,8 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 enum Mode {
     Tcp,
     MuxTcp,
+    /// gomux over TCP through the zero-copy stream API (`write_chunk`, `read_chunk`).
+    MuxTcpZeroCopy,
     Memory,
     MuxMemory,
     YamuxTcp,
@@ -70,9 +72,10 @@ enum Mode {
 
 impl Mode {
     /// Every mode, in the order `all` runs them.
-    const ALL: [Mode; 5] = [
+    const ALL: [Mode; 6] = [
         Mode::Tcp,
         Mode::MuxTcp,
+        Mode::MuxTcpZeroCopy,
         Mode::Memory,
         Mode::MuxMemory,
         Mode::YamuxTcp,
@@ -82,6 +85,7 @@ impl Mode {
         match self {
             Mode::Tcp => "tcp",
             Mode::MuxTcp => "mux-tcp",
+            Mode::MuxTcpZeroCopy => "mux-tcp-zc",
             Mode::Memory => "memory",
             Mode::MuxMemory => "mux-memory",
             Mode::YamuxTcp => "yamux-tcp",
@@ -174,6 +178,10 @@ async fn measure(mode: Mode, payload: Arc<Payload>, streams: usize) -> std::io::
     let outcome = match mode {
         Mode::Tcp => run.on(support::Tcp::bind().await?).await,
         Mode::MuxTcp => run.on(support::gomux_tcp(Config::default()).await?).await,
+        Mode::MuxTcpZeroCopy => {
+            let pair = support::gomux_tcp(Config::default()).await?;
+            run.on(support::ZeroCopyPair(pair)).await
+        }
         Mode::Memory => run.on(support::Memory::default()).await,
         Mode::MuxMemory => run.on(support::gomux_duplex(Config::default())).await,
         Mode::YamuxTcp => run.on(support::yamux_tcp().await?).await,

@@ -15,14 +15,15 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use gomux::{Config, Role, Session};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot, Mutex};
@@ -47,12 +48,111 @@ pub const YAMUX_MAX_STREAMS: usize = 16 * 1024;
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 
+/// How a workload moves bulk data on a stream. By default with `write_all` and `read_buf`,
+/// copying into and out of the application's buffers, as most code does; [`ZeroCopy`]
+/// overrides both with gomux's chunk API.
+pub trait Piecewise: Io {
+    /// Writes all of `piece`.
+    fn send_piece(&mut self, piece: Bytes) -> impl Future<Output = io::Result<()>> + Send {
+        async move { self.write_all(&piece).await }
+    }
+
+    /// Receives the next bytes and shows them to `seen`; `false` at end of stream. `buf` is the
+    /// reader's own buffer, for the implementations that read into one.
+    fn receive_piece<F: FnOnce(&[u8]) + Send>(
+        &mut self,
+        buf: &mut BytesMut,
+        seen: F,
+    ) -> impl Future<Output = io::Result<bool>> + Send {
+        async move {
+            buf.clear();
+            if self.read_buf(buf).await? == 0 {
+                return Ok(false);
+            }
+            seen(buf);
+            Ok(true)
+        }
+    }
+}
+
+impl Piecewise for TcpStream {}
+impl Piecewise for DuplexStream {}
+impl Piecewise for gomux::Stream {}
+impl Piecewise for Compat<yamux::Stream> {}
+
+/// A gomux stream driven through its zero-copy API: `write_chunk` queues the payload's own
+/// bytes, and `read_chunk` hands out the session's receive buffers, so neither end copies.
+pub struct ZeroCopy(pub gomux::Stream);
+
+impl Piecewise for ZeroCopy {
+    async fn send_piece(&mut self, piece: Bytes) -> io::Result<()> {
+        Ok(self.0.write_chunk(piece).await?)
+    }
+
+    async fn receive_piece<F: FnOnce(&[u8]) + Send>(
+        &mut self,
+        _: &mut BytesMut,
+        seen: F,
+    ) -> io::Result<bool> {
+        match self.0.read_chunk(usize::MAX).await? {
+            Some(chunk) => {
+                seen(&chunk);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+impl AsyncRead for ZeroCopy {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ZeroCopy {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// gomux sessions whose streams use the zero-copy API, see [`ZeroCopy`].
+pub struct ZeroCopyPair(pub Pair<Session>);
+
+impl Connector for ZeroCopyPair {
+    type Io = ZeroCopy;
+
+    async fn open(&self) -> io::Result<ZeroCopy> {
+        Ok(ZeroCopy(self.0.client.open().await?))
+    }
+
+    async fn accept(&self) -> io::Result<ZeroCopy> {
+        Ok(ZeroCopy(self.0.server.accept().await?))
+    }
+}
+
 /// A source of connected byte streams: [`open`](Connector::open) gives one end, and the other
 /// end comes out of [`accept`](Connector::accept), on whichever side of a connection each
 /// belongs to.
 pub trait Connector: Send + Sync + 'static {
     /// One end of a stream.
-    type Io: Io;
+    type Io: Piecewise;
 
     /// Starts a new stream from this side.
     fn open(&self) -> impl Future<Output = io::Result<Self::Io>> + Send;
@@ -397,7 +497,7 @@ const STREAM_SKEW: u64 = 40_961;
 /// What a transfer sends: `total` bytes split evenly over the streams, cut into writes of at most
 /// `chunk` bytes.
 pub struct Payload {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     total: u64,
     chunk: usize,
     cyclic: bool,
@@ -407,7 +507,7 @@ impl Payload {
     /// `total` bytes of deterministic pseudo-random content, different on every stream.
     pub fn generated(total: u64, chunk: usize) -> Payload {
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-        let bytes = (0..(PERIOD + chunk).div_ceil(8))
+        let bytes: Vec<u8> = (0..(PERIOD + chunk).div_ceil(8))
             .flat_map(|_| {
                 // xorshift64*
                 state ^= state >> 12;
@@ -417,7 +517,7 @@ impl Payload {
             })
             .collect();
         Payload {
-            bytes,
+            bytes: bytes.into(),
             total,
             chunk,
             cyclic: true,
@@ -428,7 +528,7 @@ impl Payload {
     pub fn from_bytes(bytes: Vec<u8>, chunk: usize) -> Payload {
         Payload {
             total: bytes.len() as u64,
-            bytes,
+            bytes: bytes.into(),
             chunk,
             cyclic: false,
         }
@@ -453,14 +553,14 @@ impl Payload {
 
     /// The next write of a stream whose content starts at `origin` and is `len` long, `sent`
     /// bytes into it.
-    fn piece(&self, origin: u64, len: u64, sent: u64) -> &[u8] {
+    fn piece(&self, origin: u64, len: u64, sent: u64) -> Bytes {
         let mut at = origin + sent;
         if self.cyclic {
             at %= PERIOD as u64;
         }
         let at = at as usize;
         let n = (len - sent).min(self.chunk as u64) as usize;
-        &self.bytes[at..at + n]
+        self.bytes.slice(at..at + n)
     }
 }
 
@@ -535,7 +635,7 @@ pub async fn transfer<C: Connector, D: Digest>(
     ))
 }
 
-async fn send<I: Io, D: Digest>(
+async fn send<I: Piecewise, D: Digest>(
     mut io: I,
     payload: Arc<Payload>,
     stream: usize,
@@ -546,26 +646,30 @@ async fn send<I: Io, D: Digest>(
     let mut sent = 0;
     while sent < len {
         let piece = payload.piece(origin, len, sent);
-        digest.update(piece);
-        io.write_all(piece).await?;
+        digest.update(&piece);
         sent += piece.len() as u64;
+        io.send_piece(piece).await?;
     }
     io.shutdown().await?;
     Ok(digest.finish())
 }
 
-async fn receive<I: Io, D: Digest>(mut io: I, progress: Arc<AtomicU64>) -> io::Result<D::Output> {
+async fn receive<I: Piecewise, D: Digest>(
+    mut io: I,
+    progress: Arc<AtomicU64>,
+) -> io::Result<D::Output> {
     // Uninitialised capacity: a thousand readers do not zero 64 MiB before their first byte.
     let mut buf = BytesMut::with_capacity(CHUNK);
     let mut digest = D::default();
-    loop {
-        buf.clear();
-        if io.read_buf(&mut buf).await? == 0 {
-            return Ok(digest.finish());
-        }
-        digest.update(&buf);
-        progress.fetch_add(buf.len() as u64, Ordering::Relaxed);
-    }
+    let seen = |bytes: &[u8], digest: &mut D| {
+        digest.update(bytes);
+        progress.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    };
+    while io
+        .receive_piece(&mut buf, |bytes| seen(bytes, &mut digest))
+        .await?
+    {}
+    Ok(digest.finish())
 }
 
 /// Echoes one stream: writes back whatever it reads, then half-closes after the peer has.
