@@ -6,11 +6,18 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use gomux::{Config, Role, Session, Stream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures::{SinkExt, StreamExt};
+use gomux::codec::FrameCodec;
+use gomux::frame::{Frame, Kind};
+use gomux::{Config, Error, Role, Session, Stream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::codec::Framed;
 
 /// How long any single step of a test may take before it counts as a hang.
 pub const STEP: Duration = Duration::from_secs(20);
@@ -163,4 +170,209 @@ pub async fn round_trip(stream: Stream, data: &[u8]) -> Vec<u8> {
     };
     let ((), got) = tokio::join!(write, read);
     got
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection and a raw peer, for the fault suites.
+
+/// Switches shared between a test and the [`Faulty`] transport it handed to a session.
+#[derive(Clone, Default)]
+pub struct Faults(Arc<Mutex<FaultState>>);
+
+#[derive(Default)]
+struct FaultState {
+    pause_reads: bool,
+    stall_writes: bool,
+    reset: bool,
+    read_waker: Option<Waker>,
+    write_waker: Option<Waker>,
+}
+
+impl Faults {
+    fn state(&self) -> MutexGuard<'_, FaultState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// While on, the transport accepts no writes (as if the peer stopped reading and every
+    /// buffer on the way filled up).
+    pub fn stall_writes(&self, on: bool) {
+        self.change(|state| {
+            state.stall_writes = on;
+            [state.write_waker.take(), None]
+        });
+    }
+
+    /// While on, the transport delivers nothing (as if the network held the peer's bytes back).
+    pub fn pause_reads(&self, on: bool) {
+        self.change(|state| {
+            state.pause_reads = on;
+            [state.read_waker.take(), None]
+        });
+    }
+
+    /// From now on every read and write fails with `ConnectionReset`, including those waiting.
+    pub fn reset(&self) {
+        self.change(|state| {
+            state.reset = true;
+            [state.read_waker.take(), state.write_waker.take()]
+        });
+    }
+
+    /// Applies `change` and wakes the I/O it returns, after unlocking: a waiting read or write
+    /// must see the new switches.
+    fn change(&self, change: impl FnOnce(&mut FaultState) -> [Option<Waker>; 2]) {
+        let wakers = change(&mut self.state());
+        wakers.into_iter().flatten().for_each(Waker::wake);
+    }
+}
+
+/// A transport end whose faults a test switches on through [`Faults`].
+pub struct Faulty<T> {
+    inner: T,
+    faults: Faults,
+}
+
+impl<T> Faulty<T> {
+    pub fn new(inner: T) -> (Faulty<T>, Faults) {
+        let faults = Faults::default();
+        (
+            Faulty {
+                inner,
+                faults: faults.clone(),
+            },
+            faults,
+        )
+    }
+}
+
+fn reset_error() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, "injected reset")
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Faulty<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        {
+            let mut state = self.faults.state();
+            if state.reset {
+                return Poll::Ready(Err(reset_error()));
+            }
+            if state.pause_reads {
+                state.read_waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+        }
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if polled.is_pending() {
+            let mut state = self.faults.state();
+            if state.reset {
+                return Poll::Ready(Err(reset_error()));
+            }
+            // Kept so that `reset` can wake a read that waits on the inner transport.
+            state.read_waker = Some(cx.waker().clone());
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Faulty<T> {
+    /// Ready with an error or pending when a fault applies to writing, `None` otherwise.
+    fn write_fault<R>(&self, cx: &mut Context<'_>) -> Option<Poll<io::Result<R>>> {
+        let mut state = self.faults.state();
+        if state.reset {
+            return Some(Poll::Ready(Err(reset_error())));
+        }
+        if state.stall_writes {
+            state.write_waker = Some(cx.waker().clone());
+            return Some(Poll::Pending);
+        }
+        None
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Faulty<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(fault) = self.write_fault(cx) {
+            return fault;
+        }
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(fault) = self.write_fault(cx) {
+            return fault;
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(fault) = self.write_fault(cx) {
+            return fault;
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The far end of a session's connection, speaking frames directly (and raw bytes where a test
+/// needs what the encoder refuses).
+pub struct RawPeer {
+    pub framed: Framed<DuplexStream, FrameCodec>,
+}
+
+/// A session of `role` on a [`Faulty`] transport, its driver spawned, and the [`RawPeer`] on
+/// the other end. The pipe is roomy, so the raw peer's writes never wait for the session.
+pub fn raw_session(
+    role: Role,
+    config: Config,
+) -> (
+    Session,
+    tokio::task::JoinHandle<Result<(), Error>>,
+    Faults,
+    RawPeer,
+) {
+    let (io, peer) = tokio::io::duplex(1 << 20);
+    let (io, faults) = Faulty::new(io);
+    let (session, connection) = Session::new(io, role, config);
+    let driver = tokio::spawn(connection);
+    let framed = Framed::new(peer, FrameCodec::new());
+    (session, driver, faults, RawPeer { framed })
+}
+
+impl RawPeer {
+    pub async fn send(&mut self, frame: Frame) {
+        within("raw peer send", self.framed.send(frame))
+            .await
+            .expect("the raw peer sends a frame");
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        within("raw peer write", self.framed.get_mut().write_all(bytes))
+            .await
+            .expect("the raw peer writes bytes");
+    }
+
+    /// The next frame from the session, or `None` at end-of-file.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        within("raw peer receive", self.framed.next())
+            .await
+            .map(|frame| frame.expect("the session sends well-formed frames"))
+    }
+
+    /// Receives frames until one of `kind` on `id`, skipping others.
+    pub async fn recv_until(&mut self, id: u32, kind: Kind) -> Frame {
+        loop {
+            match self.recv().await {
+                Some(frame) if frame.header.id == id && frame.header.kind == kind => return frame,
+                Some(_) => {}
+                None => panic!("end-of-file before {kind:?} on {id}"),
+            }
+        }
+    }
 }

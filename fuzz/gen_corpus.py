@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Builds the fuzz targets' seed corpus from the Go test vectors in ../shared/vectors.
+
+The corpus is generated, never committed: run this before fuzzing (.ci/fuzz does). Each
+target's input starts with one options byte (see the target's docs), then bytes from the
+vectors: single frames from frames.jsonl, and whole captured byte streams from sessions/.
+
+Usage: gen_corpus.py [VECTORS_DIR]   (default: ../../shared/vectors relative to this file)
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    vectors = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "shared", "vectors")
+    if not os.path.isdir(vectors):
+        print(f"no vectors at {vectors}: corpus not generated", file=sys.stderr)
+        return 1
+
+    seeds = []  # (name, wire bytes, is a client-to-server capture)
+    with open(os.path.join(vectors, "frames.jsonl")) as lines:
+        for line in lines:
+            if line.strip():
+                vector = json.loads(line)
+                # A header whose Data payload is described rather than stored gets it back
+                # (byte i = i * 7 mod 256, as vectors/README.md says).
+                wire = bytes.fromhex(vector["wire_hex"])
+                if vector["flags"] == 0 and len(wire) == 8 and vector["length"] > 0:
+                    wire += bytes((i * 7) % 256 for i in range(vector["length"]))
+                seeds.append((f"frame_{vector['name']}", wire, vector["id"] % 2 == 0))
+    sessions = os.path.join(vectors, "sessions")
+    all_frames = b"".join(wire for _, wire, _ in seeds)
+    seeds.append(("frames_all", all_frames, False))
+    for name in sorted(os.listdir(sessions)):
+        for direction in ("client_to_server", "server_to_client"):
+            path = os.path.join(sessions, name, f"{direction}.bin")
+            if os.path.exists(path):
+                with open(path, "rb") as capture:
+                    seeds.append((f"{name}_{direction}", capture.read(), direction == "client_to_server"))
+
+    written = 0
+    for target in ("decode", "roundtrip", "session"):
+        out = os.path.join(HERE, "corpus", target)
+        os.makedirs(out, exist_ok=True)
+        for name, wire, from_client in seeds:
+            if target == "session" and not from_client:
+                continue  # The session target plays a client talking to a server.
+            # Options: decode and session get a few cut sizes; the round trip reads raw frames.
+            option_bytes = [b""] if target == "roundtrip" else [bytes([o]) for o in (0, 1, 6)]
+            for options in option_bytes:
+                suffix = f"_{options[0]}" if options else ""
+                with open(os.path.join(out, f"{name}{suffix}"), "wb") as seed:
+                    seed.write(options + wire)
+                written += 1
+    print(f"wrote {written} seeds from {len(seeds)} vectors into {os.path.join(HERE, 'corpus')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
