@@ -5,6 +5,7 @@ mod out_queue;
 mod read_buf;
 mod slab;
 pub(crate) mod state;
+mod wait_list;
 
 use std::fmt;
 use std::future::poll_fn;
@@ -15,7 +16,8 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use self::driver::Connection;
-use self::state::Shared;
+use self::state::{Inner, Shared};
+use self::wait_list::WaitList;
 use crate::config::{Config, Role};
 use crate::error::Error;
 use crate::stats::Stats;
@@ -143,11 +145,16 @@ impl Session {
     ///
     /// The error that ended the session, once no queued stream is left.
     pub async fn accept(&self) -> Result<Stream, Error> {
-        poll_fn(|cx| self.poll_accept(cx)).await
+        let mut waiting = Waiting::new(&self.shared, accept_waiters);
+        poll_fn(|cx| self.poll_accept(cx, &mut waiting.slot)).await
     }
 
-    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Result<Stream, Error>> {
-        let accepted = self.shared.lock().poll_accept(cx.waker());
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+        slot: &mut Option<usize>,
+    ) -> Poll<Result<Stream, Error>> {
+        let accepted = self.shared.lock().poll_accept(cx.waker(), slot);
         accepted
             .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
     }
@@ -158,6 +165,7 @@ impl Session {
         Incoming {
             session: self.clone(),
             done: false,
+            slot: None,
         }
     }
 
@@ -178,7 +186,7 @@ impl Session {
             })
             .into_iter()
             .for_each(Waker::wake);
-        poll_fn(|cx| self.poll_finished(cx)).await;
+        self.finished().await;
         self.shared.lock().outcome()
     }
 
@@ -186,7 +194,7 @@ impl Session {
     /// ([`Error::ClosedLocally`] after [`close`](Session::close), [`Error::ClosedByPeer`] after
     /// the peer's CloseMux, or what went wrong).
     pub async fn closed(&self) -> Error {
-        poll_fn(|cx| self.poll_finished(cx)).await;
+        self.finished().await;
         self.shared
             .lock()
             .end
@@ -194,12 +202,21 @@ impl Session {
             .unwrap_or(Error::ClosedLocally)
     }
 
-    fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.shared.lock().poll_finished(cx.waker()) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+    /// Waits until the driver has finished.
+    async fn finished(&self) {
+        let mut waiting = Waiting::new(&self.shared, close_waiters);
+        poll_fn(|cx| {
+            if self
+                .shared
+                .lock()
+                .poll_finished(cx.waker(), &mut waiting.slot)
+            {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Why the session ended, or `None` while it is running.
@@ -256,11 +273,59 @@ impl fmt::Debug for Session {
     }
 }
 
+fn accept_waiters(inner: &mut Inner) -> &mut WaitList {
+    &mut inner.accept_waiters
+}
+
+fn close_waiters(inner: &mut Inner) -> &mut WaitList {
+    &mut inner.close_waiters
+}
+
+/// A future's slot in one of the session's wait lists, given back when the future is dropped,
+/// whether it finished or not.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    list: fn(&mut Inner) -> &mut WaitList,
+    slot: Option<usize>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(shared: &'a Shared, list: fn(&mut Inner) -> &mut WaitList) -> Waiting<'a> {
+        Waiting {
+            shared,
+            list,
+            slot: None,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.slot.is_some() {
+            (self.list)(&mut self.shared.lock()).remove(&mut self.slot);
+        }
+    }
+}
+
 /// The streams the peer opens, from [`Session::incoming`].
 #[must_use = "streams do nothing unless polled"]
 pub struct Incoming {
     session: Session,
     done: bool,
+    /// Its slot among the tasks waiting in `accept`, held while it lives.
+    slot: Option<usize>,
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if self.slot.is_some() {
+            self.session
+                .shared
+                .lock()
+                .accept_waiters
+                .remove(&mut self.slot);
+        }
+    }
 }
 
 impl futures::Stream for Incoming {
@@ -270,7 +335,8 @@ impl futures::Stream for Incoming {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.session.poll_accept(cx) {
+        let this = &mut *self;
+        match this.session.poll_accept(cx, &mut this.slot) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(stream)) => Poll::Ready(Some(Ok(stream))),
             Poll::Ready(Err(error)) => {
@@ -289,5 +355,40 @@ impl fmt::Debug for Incoming {
         f.debug_struct("Incoming")
             .field("done", &self.done)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    use super::Session;
+
+    /// A waker of its own for each task, as different tasks have.
+    struct Task;
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    #[tokio::test]
+    async fn dropped_accept_and_closed_futures_leave_no_waiter_behind() {
+        let (io, _peer) = tokio::io::duplex(1024);
+        let session = Session::client(io);
+        for _ in 0..100 {
+            let waker = Waker::from(Arc::new(Task));
+            let mut cx = Context::from_waker(&waker);
+            // As in a `select!` that another branch wins: polled once, then dropped.
+            assert!(pin!(session.accept()).poll(&mut cx).is_pending());
+            assert!(pin!(session.closed()).poll(&mut cx).is_pending());
+            let mut incoming = session.incoming();
+            assert!(futures::Stream::poll_next(pin!(&mut incoming), &mut cx).is_pending());
+        }
+        let inner = session.shared.lock();
+        assert_eq!(inner.accept_waiters.len(), 0);
+        assert_eq!(inner.close_waiters.len(), 0);
     }
 }

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::out_queue::OutQueue;
 use super::slab::Slab;
+use super::wait_list::WaitList;
 use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
 use crate::flow::{add_send_credit, RecvWindow, Tuner};
@@ -236,7 +237,8 @@ pub(crate) struct Inner {
     ids: HashMap<u32, usize>,
     next_id: u32,
     accept_queue: VecDeque<usize>,
-    accept_wakers: Vec<Waker>,
+    /// Tasks waiting in `accept`.
+    pub(crate) accept_waiters: WaitList,
 
     /// Frames queued for the transport, in order.
     pub(crate) out: OutQueue,
@@ -263,7 +265,8 @@ pub(crate) struct Inner {
     pub(crate) finished: bool,
     /// A transport error met while closing, reported by `Session::close`.
     pub(crate) close_error: Option<Error>,
-    close_wakers: Vec<Waker>,
+    /// Tasks waiting for the driver to finish.
+    pub(crate) close_waiters: WaitList,
     /// Live `Session` handles. When none is left, inbound streams are refused and the session
     /// closes itself once its last stream is gone.
     pub(crate) session_handles: usize,
@@ -294,7 +297,7 @@ impl Inner {
             ids: HashMap::new(),
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
-            accept_wakers: Vec::new(),
+            accept_waiters: WaitList::new(),
             out: OutQueue::new(),
             queued_total: 0,
             written_total: 0,
@@ -307,7 +310,7 @@ impl Inner {
             send_close_mux: false,
             finished: false,
             close_error: None,
-            close_wakers: Vec::new(),
+            close_waiters: WaitList::new(),
             session_handles: 1,
             clock: Instant::now(),
             min_rtt: None,
@@ -585,7 +588,7 @@ impl Inner {
         // The accept queue holds the stream's one handle until `accept` hands it out.
         let key = self.insert_stream(id, 1);
         self.accept_queue.push_back(key);
-        wakers.append(&mut self.accept_wakers);
+        self.accept_waiters.wake_all(wakers);
         Ok(())
     }
 
@@ -619,7 +622,7 @@ impl Inner {
         for stream in self.streams.iter_mut() {
             stream.wake_all(wakers);
         }
-        wakers.append(&mut self.accept_wakers);
+        self.accept_waiters.wake_all(wakers);
         wakers.extend(self.space_waiters.drain(..).map(|(waker, _)| waker));
         wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
         wakers.extend(self.driver_waker.take());
@@ -640,7 +643,7 @@ impl Inner {
     /// Marks the driver finished and wakes those waiting for it.
     pub(crate) fn finish(&mut self, wakers: &mut Vec<Waker>) {
         self.finished = true;
-        wakers.append(&mut self.close_wakers);
+        self.close_waiters.wake_all(wakers);
         // Nothing will be written any more: flushes that were still waiting learn it now.
         wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
         wakers.extend(self.space_waiters.drain(..).map(|(waker, _)| waker));
@@ -675,7 +678,11 @@ impl Inner {
     }
 
     /// Hands out the next inbound stream.
-    pub(crate) fn poll_accept(&mut self, waker: &Waker) -> Poll<Result<(usize, u32), Error>> {
+    pub(crate) fn poll_accept(
+        &mut self,
+        waker: &Waker,
+        slot: &mut Option<usize>,
+    ) -> Poll<Result<(usize, u32), Error>> {
         if let Some(key) = self.accept_queue.pop_front() {
             let id = self.streams.get(key).map_or(0, |s| s.id);
             return Poll::Ready(Ok((key, id)));
@@ -683,20 +690,16 @@ impl Inner {
         if let Some(error) = &self.end {
             return Poll::Ready(Err(error.clone()));
         }
-        if !self.accept_wakers.iter().any(|w| w.will_wake(waker)) {
-            self.accept_wakers.push(waker.clone());
-        }
+        self.accept_waiters.register(slot, waker);
         Poll::Pending
     }
 
     /// Registers a task to wake when the driver finishes.
-    pub(crate) fn poll_finished(&mut self, waker: &Waker) -> bool {
+    pub(crate) fn poll_finished(&mut self, waker: &Waker, slot: &mut Option<usize>) -> bool {
         if self.finished {
             return true;
         }
-        if !self.close_wakers.iter().any(|w| w.will_wake(waker)) {
-            self.close_wakers.push(waker.clone());
-        }
+        self.close_waiters.register(slot, waker);
         false
     }
 
@@ -1066,7 +1069,7 @@ mod tests {
         inner
             .on_frame(Frame::data(0, vec![7; 3000]), &mut wakers)
             .expect("within credit");
-        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop()) else {
+        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop(), &mut None) else {
             panic!("stream not accepted");
         };
         let mut storage = [0u8; 1000];
@@ -1096,7 +1099,7 @@ mod tests {
         inner
             .on_frame(Frame::control(0, Kind::OpenStream), &mut wakers)
             .expect("valid open");
-        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop()) else {
+        let Poll::Ready(Ok((key, 0))) = inner.poll_accept(Waker::noop(), &mut None) else {
             panic!("stream not accepted");
         };
         key

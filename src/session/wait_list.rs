@@ -1,0 +1,71 @@
+//! [`WaitList`]: tasks waiting for a session-wide event (a stream to accept, the driver to
+//! finish), each in a slot of its own that its future gives up when dropped.
+//!
+//! A plain list of wakers would keep the waker of every `accept()` or `closed()` future that was
+//! dropped before the event (a `select!` that another branch won), growing without bound on a
+//! long-lived session and keeping those tasks' memory alive.
+
+use std::task::Waker;
+
+use super::slab::Slab;
+
+pub(crate) struct WaitList {
+    /// One slot per waiting future; `None` once woken, until the future waits again or goes.
+    waiters: Slab<Option<Waker>>,
+}
+
+impl WaitList {
+    pub(crate) fn new() -> WaitList {
+        WaitList {
+            waiters: Slab::new(),
+        }
+    }
+
+    /// Registers `waker` in the future's `slot`, taking a slot on first use.
+    pub(crate) fn register(&mut self, slot: &mut Option<usize>, waker: &Waker) {
+        match slot.and_then(|key| self.waiters.get_mut(key)) {
+            Some(Some(stored)) if stored.will_wake(waker) => {}
+            Some(entry) => *entry = Some(waker.clone()),
+            None => *slot = Some(self.waiters.insert(Some(waker.clone()))),
+        }
+    }
+
+    /// Gives up the future's slot (when it is dropped or done waiting).
+    pub(crate) fn remove(&mut self, slot: &mut Option<usize>) {
+        if let Some(key) = slot.take() {
+            self.waiters.remove(key);
+        }
+    }
+
+    /// Collects every waiting future's waker; their slots stay theirs.
+    pub(crate) fn wake_all(&mut self, wakers: &mut Vec<Waker>) {
+        wakers.extend(self.waiters.iter_mut().filter_map(Option::take));
+    }
+
+    /// Slots held, for tests.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.waiters.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_held_once_and_given_back() {
+        let mut list = WaitList::new();
+        let mut slot = None;
+        list.register(&mut slot, Waker::noop());
+        list.register(&mut slot, Waker::noop());
+        assert_eq!(list.len(), 1, "waiting again reuses the slot");
+        let mut woken = Vec::new();
+        list.wake_all(&mut woken);
+        assert_eq!(woken.len(), 1);
+        list.wake_all(&mut woken);
+        assert_eq!(woken.len(), 1, "woken once per registration");
+        list.remove(&mut slot);
+        assert_eq!((list.len(), slot), (0, None));
+    }
+}
