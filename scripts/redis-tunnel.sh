@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# A real workload through the gomux tunnel (examples/tunnel.rs): Redis.
+#
+# Starts a redis-server on a free loopback port, and the tunnel's exit (in front of it) and
+# entry, then runs redis-benchmark twice against each of them, Redis directly and Redis through
+# the tunnel: with keep-alive connections (-k 1), and with a new connection for every request
+# (-k 0, so each request also opens and closes a gomux stream and a TCP connection at each
+# end). It prints the requests per second side by side and the ratio tunnel/direct for every
+# command, and checks that a value of several MiB, stored and read back through the tunnel with
+# redis-cli, comes back byte for byte.
+#
+# usage: scripts/redis-tunnel.sh [--quick] [--requests N] [--clients N] [--tests LIST]
+#   --quick        10000 requests per command instead of 100000 (for CI)
+#   --requests N   requests per command (redis-benchmark -n)
+#   --clients N    parallel connections (redis-benchmark -c), default 50
+#   --tests LIST   only these commands (redis-benchmark -t), e.g. set,get
+#
+# Needs redis-server, redis-cli and redis-benchmark (Debian: apt-get install -y redis-server
+# redis-tools) and cargo; installs nothing. Every process it starts is stopped when it exits.
+# The tunnel logs at RUST_LOG (default info); they are shown if something fails.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+requests=100000
+clients=50
+tests=""
+value_bytes=$((8 * 1024 * 1024))
+
+usage() {
+    sed -n '/^# usage:/,/^#   --tests/s/^# \{0,1\}//p' "$0"
+}
+
+while (($#)); do
+    case "$1" in
+    --quick) requests=10000 ;;
+    --requests | --clients | --tests)
+        if (($# < 2)); then
+            echo "error: $1 needs a value" >&2
+            exit 2
+        fi
+        case "$1" in
+        --requests) requests=$2 ;;
+        --clients) clients=$2 ;;
+        --tests) tests=$2 ;;
+        esac
+        shift
+        ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *)
+        echo "error: unknown argument $1" >&2
+        usage >&2
+        exit 2
+        ;;
+    esac
+    shift
+done
+
+# ---------------------------------------------------------------------------------------------
+# What is needed, and where things go
+# ---------------------------------------------------------------------------------------------
+
+missing=()
+for tool in redis-server redis-cli redis-benchmark cargo; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+    echo "error: not found on PATH: ${missing[*]}" >&2
+    echo "Redis and its tools install on Debian/Ubuntu with:" >&2
+    echo "    apt-get install -y redis-server redis-tools" >&2
+    echo "and cargo with rustup (https://rustup.rs)." >&2
+    exit 1
+fi
+
+work=$(mktemp -d)
+pids=()
+
+# On every exit: stop what we started, and on failure show the end of each log first.
+cleanup() {
+    local status=$?
+    if ((status != 0)); then
+        for log in "$work"/*.log; do
+            [ -s "$log" ] || continue
+            echo "--- last lines of $(basename "$log")" >&2
+            tail -n 20 "$log" >&2
+        done
+    fi
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+
+# A loopback port nothing listens on, below Linux's ephemeral range (32768 and up) so that
+# outgoing connections do not take it meanwhile, and different from the ports already chosen.
+chosen=" "
+free_port() {
+    local port
+    for _ in $(seq 200); do
+        port=$((20000 + RANDOM % 12000))
+        [[ $chosen == *" $port "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            chosen+="$port "
+            echo "$port"
+            return 0
+        fi
+    done
+    echo "error: found no free loopback port" >&2
+    return 1
+}
+
+# Waits until a log file has a line containing some text.
+await_log() {
+    local log=$1 text=$2
+    for _ in $(seq 200); do
+        if grep -qF "$text" "$log" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "error: no \"$text\" in $(basename "$log")" >&2
+    return 1
+}
+
+# Waits until whatever listens on a port answers a Redis PING (through the tunnel too).
+await_pong() {
+    local port=$1 what=$2
+    for _ in $(seq 200); do
+        if [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null)" = PONG ]; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "error: $what on port $port does not answer PING" >&2
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Start Redis and the tunnel
+# ---------------------------------------------------------------------------------------------
+
+echo "==> cargo build --release --example tunnel"
+cargo build --release --example tunnel
+tunnel="${CARGO_TARGET_DIR:-target}/release/examples/tunnel"
+
+redis_port=$(free_port)
+exit_port=$(free_port)
+entry_port=$(free_port)
+
+# No persistence: the benchmark's keys are throwaway, and a background save would disturb
+# the measurement.
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+    --logfile "$work/redis.log" &
+pids+=($!)
+redis_pid=$!
+await_pong "$redis_port" redis-server
+
+export RUST_LOG="${RUST_LOG:-info}"
+"$tunnel" exit --listen "127.0.0.1:$exit_port" --target "127.0.0.1:$redis_port" \
+    2>"$work/exit.log" &
+pids+=($!)
+exit_pid=$!
+# The exit first, so that the entry's first dial finds it.
+await_log "$work/exit.log" "exit listening"
+"$tunnel" entry --listen "127.0.0.1:$entry_port" --exit "127.0.0.1:$exit_port" \
+    2>"$work/entry.log" &
+pids+=($!)
+entry_pid=$!
+await_pong "$entry_port" "the tunnel's entry"
+
+echo
+echo "machine:  $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores"
+echo "redis:    $(redis-server --version)"
+echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min averages, at the start)"
+echo "ports:    redis-server $redis_port, tunnel exit $exit_port, tunnel entry $entry_port"
+
+# ---------------------------------------------------------------------------------------------
+# The benchmarks
+# ---------------------------------------------------------------------------------------------
+
+# bench NAME PORT KEEPALIVE: one redis-benchmark run; its result lines go to $work/NAME.txt
+# and to the terminal. The carriage-return progress lines of -q are dropped.
+bench() {
+    local name=$1 port=$2 keepalive=$3
+    local command=(redis-benchmark -h 127.0.0.1 -p "$port" -q -n "$requests" -c "$clients"
+        -k "$keepalive")
+    if [ -n "$tests" ]; then
+        command+=(-t "$tests")
+    fi
+    echo
+    echo "==> $name: ${command[*]}"
+    "${command[@]}" | tr '\r' '\n' | grep 'requests per second' | tee "$work/$name.txt"
+}
+
+# compare TITLE DIRECT TUNNEL: the two result files side by side, with the ratio.
+compare() {
+    echo
+    echo "$1"
+    awk -F': ' '
+        # "SET: 87719.30 requests per second, p50=0.287 msec"
+        function rate(text) { split(text, words, " "); return words[1] }
+        function p50(text) {
+            return match(text, /p50=[0-9.]+/) ? substr(text, RSTART + 4, RLENGTH - 4) : "-"
+        }
+        FNR == NR { order[++n] = $1; direct[$1] = rate($2); direct_p50[$1] = p50($2); next }
+        { tunnel[$1] = rate($2); tunnel_p50[$1] = p50($2) }
+        END {
+            printf "| %-36s | %12s | %12s | %6s | %10s | %10s |\n", "command", "direct rps",
+                "tunnel rps", "ratio", "direct p50", "tunnel p50"
+            printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------",
+                "-------------:", "-------------:", "-------:", "-----------:", "-----------:"
+            logs = 0; counted = 0
+            for (i = 1; i <= n; i++) {
+                c = order[i]
+                if (!(c in tunnel) || direct[c] <= 0) continue
+                ratio = tunnel[c] / direct[c]
+                logs += log(ratio); counted++
+                printf "| %-36s | %12.0f | %12.0f | %6.2f | %7s ms | %7s ms |\n", c, direct[c],
+                    tunnel[c], ratio, direct_p50[c], tunnel_p50[c]
+            }
+            if (counted) printf "geometric mean of the ratios: %.2f\n", exp(logs / counted)
+        }' "$work/$2.txt" "$work/$3.txt"
+}
+
+bench direct-k1 "$redis_port" 1
+bench tunnel-k1 "$entry_port" 1
+bench direct-k0 "$redis_port" 0
+bench tunnel-k0 "$entry_port" 0
+
+echo
+echo "==> results: -n $requests -c $clients${tests:+ -t $tests}, requests per second"
+compare "keep-alive connections (-k 1):" direct-k1 tunnel-k1
+compare "a new connection per request (-k 0):" direct-k0 tunnel-k0
+# All the processes share the machine's cores: where the time went.
+cpu_seconds() {
+    awk -v tick="$(getconf CLK_TCK)" '{ printf "%.1f s", ($14 + $15) / tick }' "/proc/$1/stat"
+}
+echo
+echo "CPU time used: redis-server $(cpu_seconds "$redis_pid"), tunnel entry" \
+    "$(cpu_seconds "$entry_pid"), tunnel exit $(cpu_seconds "$exit_pid")"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# ---------------------------------------------------------------------------------------------
+# A large value, byte for byte
+# ---------------------------------------------------------------------------------------------
+
+echo
+echo "==> SET and GET of $value_bytes random bytes through the tunnel"
+head -c "$value_bytes" /dev/urandom >"$work/value"
+stored=$(redis-cli -h 127.0.0.1 -p "$entry_port" -x SET gomux:tunnel:value <"$work/value")
+if [ "$stored" != OK ]; then
+    echo "error: SET through the tunnel answered: $stored" >&2
+    exit 1
+fi
+# redis-cli writes a value to a pipe as it is, followed by a newline.
+redis-cli -h 127.0.0.1 -p "$entry_port" GET gomux:tunnel:value >"$work/read"
+if ! cmp <(cat "$work/value" && printf '\n') "$work/read"; then
+    echo "error: the value read back through the tunnel differs from the one stored" >&2
+    exit 1
+fi
+echo "identical: $(sha256sum <"$work/value" | cut -d' ' -f1)"
+
+# The tunnel must have run on one gomux connection, and logged no warning.
+connections=$(grep -c 'connected to the exit' "$work/entry.log" || true)
+if [ "$connections" != 1 ]; then
+    echo "error: the entry made $connections connections to the exit, not 1" >&2
+    exit 1
+fi
+if grep -q WARN "$work/entry.log" "$work/exit.log"; then
+    echo "error: the tunnel logged warnings:" >&2
+    grep WARN "$work/entry.log" "$work/exit.log" >&2
+    exit 1
+fi
+echo
+echo "redis-tunnel: all checks passed"
