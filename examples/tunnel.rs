@@ -34,6 +34,11 @@
 //!
 //! The entry and the exit are plain async functions, [`run_entry`] and [`run_exit`], that take
 //! an already bound listener, so a test can run both in one process on ephemeral ports.
+//!
+//! For comparison, `tunnel relay --listen ADDR --target ADDR` forwards TCP connections one to
+//! one, without gomux: two relays in a row make the same two hops as an entry and an exit, so
+//! the difference between them is what carrying every client over one multiplexed connection
+//! costs (`scripts/redis-tunnel.sh` measures both).
 
 use std::error::Error as StdError;
 use std::io::{self, IsTerminal};
@@ -42,6 +47,7 @@ use std::process;
 use std::time::{Duration, Instant};
 
 use gomux::{Config, Role, Session, Stream};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -53,6 +59,8 @@ usage: tunnel entry --listen ADDR --exit ADDR     accept TCP clients on ADDR and
                                                  as a gomux stream to the exit at ADDR
        tunnel exit --listen ADDR --target ADDR    accept gomux connections on ADDR and connect
                                                  each stream to the target at ADDR
+       tunnel relay --listen ADDR --target ADDR   forward each TCP connection on ADDR to its
+                                                 own connection to ADDR, without gomux
 RUST_LOG sets the log filter (default: info).";
 
 /// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
@@ -75,6 +83,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 enum Command {
     Entry { listen: String, exit: String },
     Exit { listen: String, target: String },
+    Relay { listen: String, target: String },
 }
 
 #[tokio::main]
@@ -131,6 +140,12 @@ async fn run(command: Command) -> Result<(), Box<dyn StdError>> {
             info!(listen = %listener.local_addr()?, %target, "exit listening");
             run_exit(listener, target).await;
         }
+        Command::Relay { listen, target } => {
+            let listener = bind(&listen).await?;
+            let target = resolve(&target).await?;
+            info!(listen = %listener.local_addr()?, %target, "relay listening");
+            run_relay(listener, target).await;
+        }
     }
     Ok(())
 }
@@ -154,15 +169,15 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 /// Parses the arguments after the program name.
 fn parse_args(args: &[String]) -> Result<Command, String> {
     let Some((mode, options)) = args.split_first() else {
-        return Err("say which end to run: entry or exit".into());
+        return Err("say which end to run: entry, exit or relay".into());
     };
 
     let mut listen = None;
     let mut other = None;
     let other_flag = match mode.as_str() {
         "entry" => "--exit",
-        "exit" => "--target",
-        unknown => return Err(format!("unknown mode {unknown:?}: entry or exit")),
+        "exit" | "relay" => "--target",
+        unknown => return Err(format!("unknown mode {unknown:?}: entry, exit or relay")),
     };
     let mut options = options.iter();
     while let Some(option) = options.next() {
@@ -178,16 +193,19 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     }
     let listen = listen.ok_or("--listen ADDR is required")?;
     let other = other.ok_or_else(|| format!("{other_flag} ADDR is required"))?;
-    Ok(if mode == "entry" {
-        Command::Entry {
+    Ok(match mode.as_str() {
+        "entry" => Command::Entry {
             listen,
             exit: other,
-        }
-    } else {
-        Command::Exit {
+        },
+        "exit" => Command::Exit {
             listen,
             target: other,
-        }
+        },
+        _ => Command::Relay {
+            listen,
+            target: other,
+        },
     })
 }
 
@@ -414,6 +432,31 @@ async fn forward(mut stream: Stream, session_ended: CancellationToken, target: S
 }
 
 // ---------------------------------------------------------------------------------------------
+// The relay, for comparison
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
+/// `target`, and bytes are copied both ways exactly as the tunnel's ends copy them, half-closes
+/// included. No gomux: this is the baseline the tunnel is measured against.
+pub async fn run_relay(listener: TcpListener, target: SocketAddr) {
+    // Never cancelled: each relayed connection stands alone.
+    let never = CancellationToken::new();
+    loop {
+        let (client, peer) = accept(&listener).await;
+        let never = never.clone();
+        tokio::spawn(
+            async move {
+                match connect(target, TARGET_CONNECT_TIMEOUT).await {
+                    Ok(socket) => bridge(client, socket, &never).await,
+                    Err(error) => warn!(%target, %error, "cannot reach the target"),
+                }
+            }
+            .instrument(info_span!("relay", %peer)),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Shared by both ends
 // ---------------------------------------------------------------------------------------------
 
@@ -427,8 +470,9 @@ fn mux_config() -> Config {
         .idle_timeout(Some(Duration::from_secs(45)))
 }
 
-/// Relays between a TCP connection and a gomux stream until both directions are done, or the
-/// session carrying the stream ends (`session_ended` is cancelled).
+/// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
+/// connection) until both directions are done, or the session carrying the stream ends
+/// (`session_ended` is cancelled).
 ///
 /// Half-closes travel through: when one side reads end-of-file, the other side's write half is
 /// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
@@ -437,7 +481,11 @@ fn mux_config() -> Config {
 /// The session's end comes as a token that one task per session cancels, rather than from each
 /// connection waiting on [`Session::closed`]: a token forgets a waiter as soon as it stops
 /// waiting, so a session that carries millions of short connections keeps nothing of them.
-async fn bridge(mut tcp: TcpStream, mut stream: Stream, session_ended: &CancellationToken) {
+async fn bridge<A, B>(mut tcp: A, mut stream: B, session_ended: &CancellationToken)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     let relay =
         tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, COPY_BUFFER, COPY_BUFFER);
     tokio::select! {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # A real workload through the gomux tunnel (examples/tunnel.rs): Redis.
 #
-# Starts a redis-server on a free loopback port, and the tunnel's exit (in front of it) and
-# entry, then runs redis-benchmark twice against each of them, Redis directly and Redis through
-# the tunnel: with keep-alive connections (-k 1), and with a new connection for every request
-# (-k 0, so each request also opens and closes a gomux stream and a TCP connection at each
-# end). It prints the requests per second side by side and the ratio tunnel/direct for every
+# Starts a redis-server on a free loopback port, the tunnel's exit (in front of it) and entry,
+# and, as a baseline, two plain TCP relays in a row (`tunnel relay`: the same two hops and the
+# same copying, one TCP connection per client instead of one gomux connection for all). Then it
+# runs redis-benchmark against Redis directly, through the relays and through the tunnel: with
+# keep-alive connections (-k 1), and with a new connection for every request (-k 0, so each
+# request also opens and closes a gomux stream and a TCP connection at each end). It prints the
+# requests per second side by side with the ratios tunnel/direct and tunnel/relay for every
 # command, and checks that a value of several MiB, stored and read back through the tunnel with
 # redis-cli, comes back byte for byte.
 #
@@ -154,6 +156,8 @@ tunnel="${CARGO_TARGET_DIR:-target}/release/examples/tunnel"
 redis_port=$(free_port)
 exit_port=$(free_port)
 entry_port=$(free_port)
+relay_far_port=$(free_port)
+relay_near_port=$(free_port)
 
 # No persistence: the benchmark's keys are throwaway, and a background save would disturb
 # the measurement.
@@ -176,11 +180,22 @@ pids+=($!)
 entry_pid=$!
 await_pong "$entry_port" "the tunnel's entry"
 
+# The baseline: client -> near relay -> far relay -> Redis, plain TCP all the way.
+"$tunnel" relay --listen "127.0.0.1:$relay_far_port" --target "127.0.0.1:$redis_port" \
+    2>"$work/relay-far.log" &
+pids+=($!)
+await_log "$work/relay-far.log" "relay listening"
+"$tunnel" relay --listen "127.0.0.1:$relay_near_port" --target "127.0.0.1:$relay_far_port" \
+    2>"$work/relay-near.log" &
+pids+=($!)
+await_pong "$relay_near_port" "the relays"
+
 echo
 echo "machine:  $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores"
 echo "redis:    $(redis-server --version)"
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min averages, at the start)"
-echo "ports:    redis-server $redis_port, tunnel exit $exit_port, tunnel entry $entry_port"
+echo "ports:    redis-server $redis_port, tunnel exit $exit_port, tunnel entry $entry_port," \
+    "relays $relay_near_port -> $relay_far_port"
 
 # ---------------------------------------------------------------------------------------------
 # The benchmarks
@@ -200,7 +215,8 @@ bench() {
     "${command[@]}" | tr '\r' '\n' | grep 'requests per second' | tee "$work/$name.txt"
 }
 
-# compare TITLE DIRECT TUNNEL: the two result files side by side, with the ratio.
+# compare TITLE DIRECT RELAY TUNNEL: the three result files side by side, with the ratios
+# tunnel/direct and tunnel/relay.
 compare() {
     echo
     echo "$1"
@@ -210,35 +226,42 @@ compare() {
         function p50(text) {
             return match(text, /p50=[0-9.]+/) ? substr(text, RSTART + 4, RLENGTH - 4) : "-"
         }
-        FNR == NR { order[++n] = $1; direct[$1] = rate($2); direct_p50[$1] = p50($2); next }
-        { tunnel[$1] = rate($2); tunnel_p50[$1] = p50($2) }
+        FILENAME == ARGV[1] { order[++n] = $1; direct[$1] = rate($2); direct_p50[$1] = p50($2) }
+        FILENAME == ARGV[2] { relay[$1] = rate($2) }
+        FILENAME == ARGV[3] { tunnel[$1] = rate($2); tunnel_p50[$1] = p50($2) }
         END {
-            printf "| %-36s | %12s | %12s | %6s | %10s | %10s |\n", "command", "direct rps",
-                "tunnel rps", "ratio", "direct p50", "tunnel p50"
-            printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------",
-                "-------------:", "-------------:", "-------:", "-----------:", "-----------:"
-            logs = 0; counted = 0
+            printf "| %-36s | %11s | %11s | %11s | %7s | %7s | %10s | %10s |\n", "command",
+                "direct rps", "relay rps", "tunnel rps", "÷direct", "÷relay", "direct p50",
+                "tunnel p50"
+            printf "|%s|%s|%s|%s|%s|%s|%s|%s|\n", "--------------------------------------",
+                "------------:", "------------:", "------------:", "--------:", "--------:",
+                "-----------:", "-----------:"
+            logs = 0; logs_relay = 0; counted = 0
             for (i = 1; i <= n; i++) {
                 c = order[i]
-                if (!(c in tunnel) || direct[c] <= 0) continue
-                ratio = tunnel[c] / direct[c]
-                logs += log(ratio); counted++
-                printf "| %-36s | %12.0f | %12.0f | %6.2f | %7s ms | %7s ms |\n", c, direct[c],
-                    tunnel[c], ratio, direct_p50[c], tunnel_p50[c]
+                if (!(c in tunnel) || !(c in relay) || direct[c] <= 0 || relay[c] <= 0) continue
+                ratio = tunnel[c] / direct[c]; ratio_relay = tunnel[c] / relay[c]
+                logs += log(ratio); logs_relay += log(ratio_relay); counted++
+                printf "| %-36s | %11.0f | %11.0f | %11.0f | %7.2f | %7.2f | %7s ms | %7s ms |\n",
+                    c, direct[c], relay[c], tunnel[c], ratio, ratio_relay, direct_p50[c],
+                    tunnel_p50[c]
             }
-            if (counted) printf "geometric mean of the ratios: %.2f\n", exp(logs / counted)
-        }' "$work/$2.txt" "$work/$3.txt"
+            if (counted) printf "geometric mean of the ratios: %.2f of direct, %.2f of the relay\n",
+                exp(logs / counted), exp(logs_relay / counted)
+        }' "$work/$2.txt" "$work/$3.txt" "$work/$4.txt"
 }
 
 bench direct-k1 "$redis_port" 1
+bench relay-k1 "$relay_near_port" 1
 bench tunnel-k1 "$entry_port" 1
 bench direct-k0 "$redis_port" 0
+bench relay-k0 "$relay_near_port" 0
 bench tunnel-k0 "$entry_port" 0
 
 echo
 echo "==> results: -n $requests -c $clients${tests:+ -t $tests}, requests per second"
-compare "keep-alive connections (-k 1):" direct-k1 tunnel-k1
-compare "a new connection per request (-k 0):" direct-k0 tunnel-k0
+compare "keep-alive connections (-k 1):" direct-k1 relay-k1 tunnel-k1
+compare "a new connection per request (-k 0):" direct-k0 relay-k0 tunnel-k0
 # All the processes share the machine's cores: where the time went.
 cpu_seconds() {
     awk -v tick="$(getconf CLK_TCK)" '{ printf "%.1f s", ($14 + $15) / tick }' "/proc/$1/stat"

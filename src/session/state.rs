@@ -823,15 +823,9 @@ impl Inner {
         waker: &Waker,
         data: &[u8],
     ) -> Poll<Result<usize, Error>> {
-        let (id, n) = match self.grant_write(key, waker, data.len()) {
-            Poll::Ready(Ok(grant)) => grant,
-            other => return other.map_ok(|_| 0),
-        };
-        if n > 0 {
-            self.queue_data_header(id, n);
-            self.out.extend_from_slice(&data[..n]);
-        }
-        Poll::Ready(Ok(n))
+        self.poll_write_with(key, waker, data.len(), |out, n| {
+            out.extend_from_slice(&data[..n])
+        })
     }
 
     /// Queues a Data frame with as much of `chunk` as credit and room allow at once, without
@@ -842,13 +836,28 @@ impl Inner {
         waker: &Waker,
         chunk: &mut Bytes,
     ) -> Poll<Result<usize, Error>> {
-        let (id, n) = match self.grant_write(key, waker, chunk.len()) {
+        self.poll_write_with(key, waker, chunk.len(), |out, n| {
+            out.push_chunk(chunk.split_to(n))
+        })
+    }
+
+    /// The write path shared by `poll_write` and `poll_write_chunk`: admits up to `len` bytes
+    /// (see [`Inner::grant_write`]), queues the Data header, and has `payload` queue the first
+    /// `n` bytes behind it.
+    fn poll_write_with(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        len: usize,
+        payload: impl FnOnce(&mut OutQueue, usize),
+    ) -> Poll<Result<usize, Error>> {
+        let (id, n) = match self.grant_write(key, waker, len) {
             Poll::Ready(Ok(grant)) => grant,
             other => return other.map_ok(|_| 0),
         };
         if n > 0 {
             self.queue_data_header(id, n);
-            self.out.push_chunk(chunk.split_to(n));
+            payload(&mut self.out, n);
         }
         Poll::Ready(Ok(n))
     }
