@@ -165,8 +165,11 @@ impl Config {
     }
 
     /// Outgoing bytes queued for the transport before writers wait, default 256 KiB. Writes are
-    /// coalesced into transport writes of up to this size. Control frames (window updates,
-    /// closes) are never held back by it.
+    /// coalesced into transport writes of up to this size. Writers (and openers) waiting for
+    /// room are let in oldest first, as many as the room fits, so streams writing at once take
+    /// turns; a frame waits behind at most about twice this (the queue, and the batch being
+    /// written) plus what the transport holds. Control frames (window updates, closes) are
+    /// never held back by it.
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
         self.write_buffer_size = bytes.max(1);
         self

@@ -134,7 +134,7 @@
 //! | [`idle_timeout`](Config::idle_timeout) | off | silence from the peer before the session ends |
 //! | [`close_timeout`](Config::close_timeout) | 10 s | how long a closing session tries to flush |
 //!
-//! An idle stream costs about 200 bytes per end, handles included, and holds no buffer until
+//! An idle stream costs about 210 bytes per end, handles included, and holds no buffer until
 //! data arrives.
 //!
 //! # Interoperating with Go gomux
