@@ -2,8 +2,10 @@
 //!
 //! One criterion group holds every row, so the ratios between them hold even on a noisy machine:
 //!
-//! - `tcp-64KiB/1`, `tcp-1MiB/1`: one raw loopback TCP connection, written in 64 KiB and 1 MiB
-//!   writes: what the kernel can do without any multiplexing.
+//! - `tcp-64KiB/1`, `tcp-1MiB/N`: one raw loopback TCP connection, written in 64 KiB and 1 MiB
+//!   writes: what the kernel can do without any multiplexing. `tcp-1MiB` runs again just before
+//!   the rows for each stream count N (always over one connection), so that every row's ratio
+//!   to the transport's limit comes from measurements seconds apart.
 //! - `gomux-tcp/N`, `gomux-duplex/N`: gomux over one loopback TCP connection and over an
 //!   in-memory pipe (which isolates the multiplexer from the kernel), N streams.
 //! - `gomux-tcp-zc/N`: as `gomux-tcp`, through the zero-copy API: the writers queue their
@@ -56,11 +58,20 @@ fn throughput(c: &mut Criterion) {
         total,
     };
 
-    for (name, chunk) in [("tcp-64KiB", CHUNK), ("tcp-1MiB", 1 << 20)] {
-        let tcp = rt.block_on(support::Tcp::bind());
-        rows.add(name, tcp.expect("loopback listener"), 1, chunk);
-    }
+    let tcp = rt.block_on(support::Tcp::bind());
+    rows.add("tcp-64KiB", tcp.expect("loopback listener"), 1, CHUNK);
     for streams in STREAMS {
+        // The transport's limit again before every stream count, so that each row has a baseline
+        // measured within seconds of it: the machine's speed drifts more over the run than
+        // between neighbouring rows. Labelled with the stream count it goes with; it always
+        // uses one connection.
+        let tcp = rt.block_on(support::Tcp::bind());
+        rows.add_baseline(
+            "tcp-1MiB",
+            tcp.expect("loopback listener"),
+            streams,
+            1 << 20,
+        );
         // A fresh connection for every row, so no row inherits another's state.
         let gomux_tcp = rt.block_on(support::gomux_tcp(Config::default()));
         rows.add(
@@ -99,6 +110,23 @@ struct Rows<'a> {
 impl Rows<'_> {
     /// One row: the total over `streams` streams of `connector`, in writes of `chunk` bytes.
     fn add<C: Connector>(&mut self, name: &str, connector: C, streams: usize, chunk: usize) {
+        self.add_labelled(name, connector, streams, streams, chunk);
+    }
+
+    /// A one-connection row labelled with the stream count `label` of the rows it is a baseline
+    /// for.
+    fn add_baseline<C: Connector>(&mut self, name: &str, connector: C, label: usize, chunk: usize) {
+        self.add_labelled(name, connector, 1, label, chunk);
+    }
+
+    fn add_labelled<C: Connector>(
+        &mut self,
+        name: &str,
+        connector: C,
+        streams: usize,
+        label: usize,
+        chunk: usize,
+    ) {
         let connector = Arc::new(connector);
         let total = if support::test_mode() {
             self.total
@@ -109,7 +137,7 @@ impl Rows<'_> {
         let rt = self.rt;
         self.group
             .throughput(Throughput::Bytes(total))
-            .bench_function(BenchmarkId::new(name, streams), |b| {
+            .bench_function(BenchmarkId::new(name, label), |b| {
                 b.iter_custom(|iters| {
                     let (connector, payload) = (Arc::clone(&connector), Arc::clone(&payload));
                     support::time_runs(rt, iters, move || {
