@@ -10,6 +10,11 @@
 //! and accept backlog, yamux's stream limit and connection window. The connection is set up once
 //! per multiplexer, outside the timed part, and serves both groups.
 //!
+//! A third row, `memory`, runs the same tasks over in-memory pipes (`tokio::io::duplex`, one per
+//! stream, handed to the echo server through a channel) instead of multiplexed streams: the cost
+//! of the workload itself (spawning the tasks, allocating their buffers, waking them), which no
+//! multiplexer can go below.
+//!
 //! ```text
 //! cargo bench --bench streams
 //! ```
@@ -66,6 +71,7 @@ struct Rows<'a> {
     rt: &'a Runtime,
     gomux: Arc<support::Pair<gomux::Session>>,
     yamux: Arc<support::Pair<support::Yamux>>,
+    memory: Arc<support::Memory>,
 }
 
 impl<'a> Rows<'a> {
@@ -82,14 +88,16 @@ impl<'a> Rows<'a> {
             rt,
             gomux: Arc::new(gomux),
             yamux: Arc::new(yamux),
+            memory: Arc::default(),
         };
         let _runtime = rt.enter();
         support::serve_echo(Arc::clone(&rows.gomux));
         support::serve_echo(Arc::clone(&rows.yamux));
+        support::serve_echo(Arc::clone(&rows.memory));
         rows
     }
 
-    /// A row per multiplexer: `streams` streams at once each echo `message`.
+    /// A row per multiplexer and one over pipes: `streams` streams at once each echo `message`.
     fn measure(
         &self,
         group: &mut BenchmarkGroup<'_, WallTime>,
@@ -101,6 +109,9 @@ impl<'a> Rows<'a> {
         });
         group.bench_function("yamux-tcp", |b| {
             b.iter_custom(|iters| self.echo(iters, &self.yamux, streams, &message))
+        });
+        group.bench_function("memory", |b| {
+            b.iter_custom(|iters| self.echo(iters, &self.memory, streams, &message))
         });
     }
 
