@@ -10,7 +10,8 @@
 //! and sends 64 MiB over them, at least 512 KiB per stream, in 64 KiB writes, while the peer
 //! reads into 64 KiB buffers. Every round prints one line: its wall time, the CPU time the
 //! process used meanwhile (user and system, from `/proc/self/stat`, Linux only, in 10 ms ticks),
-//! and the throughput.
+//! the throughput, and the system's uptime when it ended (`/proc/uptime`), to match the round
+//! with the timestamps of a profiler running meanwhile (`perf record -k CLOCK_MONOTONIC`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +53,7 @@ fn main() -> std::io::Result<()> {
         ));
         let per_stream = ((64usize << 20) / streams).max(512 << 10);
         let block: Arc<[u8]> = (0..64 * 1024).map(|i| (i * 7) as u8).collect();
-        println!("# round  wall-ms  cpu-ms  GiB/s");
+        println!("# round  wall-ms  cpu-ms  GiB/s  end");
         for round in 1..=rounds {
             let (start, cpu_start) = (Instant::now(), cpu_seconds());
             let mut tasks = JoinSet::new();
@@ -82,11 +83,10 @@ fn main() -> std::io::Result<()> {
             let wall = start.elapsed().as_secs_f64();
             let cpu = cpu_seconds() - cpu_start;
             let gib = (per_stream * streams) as f64 / f64::from(1 << 30) / wall;
-            println!(
-                "{round:7}  {:7.1}  {:6.0}  {gib:5.2}",
-                wall * 1e3,
-                cpu * 1e3
-            );
+            let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+            let end = uptime.split_whitespace().next().unwrap_or("-");
+            let (wall_ms, cpu_ms) = (wall * 1e3, cpu * 1e3);
+            println!("{round:7}  {wall_ms:7.1}  {cpu_ms:6.0}  {gib:5.2}  {end}");
         }
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     })
