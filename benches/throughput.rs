@@ -1,6 +1,7 @@
 //! Bulk throughput: many streams each writing 64 KiB buffers while the peer reads and discards.
 //!
-//! One criterion group holds every row, so the ratios between them hold even on a noisy machine:
+//! One criterion group holds every row, and raw TCP runs again beside each stream count, so the
+//! ratios between neighbouring rows hold on a noisy machine:
 //!
 //! - `tcp-64KiB/1`, `tcp-1MiB/N`: one raw loopback TCP connection, written in 64 KiB and 1 MiB
 //!   writes: what the kernel can do without any multiplexing. `tcp-1MiB` runs again just before
