@@ -13,6 +13,16 @@
 //! - Dropping the stream (both halves, if split) closes it like `close` without waiting. Data
 //!   already written is queued ahead of the close, so nothing is lost.
 //!
+//! # Flushing
+//!
+//! A write returns once its bytes are in the session's outgoing queue, which the driver writes
+//! to the transport in order without any further call; the queue is bounded by
+//! [`Config::write_buffer_size`](crate::Config::write_buffer_size), and writes wait for room.
+//! `flush` and `shutdown` therefore return at once while the session lives, as they do on a
+//! `TcpStream`, whose kernel buffer plays the same part. Once the session has ended they wait
+//! for the driver to finish and fail if the stream's bytes were not written. To know that
+//! everything reached the transport, close with [`Stream::close`], which waits for it.
+//!
 //! # Cancel safety
 //!
 //! Reads and writes are cancel safe: a `read` future dropped before it completes has consumed
@@ -107,8 +117,11 @@ impl Handle {
     }
 
     fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.with_driver(|inner, key| inner.shutdown(key));
-        self.poll_flush(cx)
+        self.with_driver(|inner, key| {
+            inner.shutdown(key);
+            inner.poll_flush(key, cx.waker())
+        })
+        .map_err(io::Error::from)
     }
 
     fn split(self) -> (Handle, Handle) {
@@ -167,7 +180,7 @@ impl Stream {
             inner.config.close_timeout
         });
         let handle = &self.handle;
-        let flushed = poll_fn(|cx| handle.shared.lock().poll_flush(handle.key, cx.waker()));
+        let flushed = poll_fn(|cx| handle.shared.lock().poll_written(handle.key, cx.waker()));
         match tokio::time::timeout(limit, flushed).await {
             Ok(result) => result,
             Err(_) => Err(Error::Transport(Arc::new(io::Error::new(

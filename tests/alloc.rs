@@ -435,8 +435,10 @@ async fn sender(window: u32) -> Tally {
     let mut stream = session.open().await.expect("open a stream");
     let chunk = vec![0xa5; FRAME];
     write_frames(&mut stream, &chunk, WARM_UP).await;
+    until_received(&received, WARM_UP).await;
     start_counting();
     write_frames(&mut stream, &chunk, FRAMES).await;
+    until_received(&received, WARM_UP + FRAMES).await;
     let tally = stop_counting();
     assert_eq!(
         received.load(Ordering::Relaxed),
@@ -481,7 +483,17 @@ async fn write_frames(stream: &mut Stream, chunk: &[u8], frames: u64) {
     for _ in 0..frames {
         stream.write_all(chunk).await.expect("write a frame");
     }
-    stream.flush().await.expect("flush the frames");
+}
+
+/// Lets the driver run until the scripted peer has received `frames` full Data frames. (A
+/// stream's `flush` returns once its bytes are queued, not once the transport took them.)
+async fn until_received(received: &AtomicU64, frames: u64) {
+    let mut polls = 0u32;
+    while received.load(Ordering::Relaxed) < frames {
+        polls += 1;
+        assert!(polls < 1_000_000, "the driver stopped writing");
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Reads `frames` frames' worth of bytes into `buf`, again and again.

@@ -250,6 +250,34 @@ async fn stream_close_finishes_within_the_close_timeout_when_writes_stall() {
     assert!(closed.is_ok_and(|r| r.is_err()), "its data never left");
 }
 
+/// `flush` and `shutdown` return once the bytes are queued, as on a socket, so a transport that
+/// takes no writes does not hold them up (`Stream::close` is what waits for the transport). Once
+/// the session has ended, they report the bytes it never wrote.
+#[tokio::test(start_paused = true)]
+async fn flush_and_shutdown_return_once_queued_and_report_what_an_ended_session_never_wrote() {
+    let (session, driver, _raw) = stalled(Config::default().close_timeout(CLOSE_TIMEOUT));
+    let mut flushed = within("open", session.open()).await.expect("open");
+    flushed.write_all(b"queued").await.expect("queued");
+    within("flush", flushed.flush())
+        .await
+        .expect("flush while the session lives");
+    let mut shut = within("open", session.open()).await.expect("open");
+    shut.write_all(b"queued too").await.expect("queued");
+    within("shutdown", shut.shutdown())
+        .await
+        .expect("shutdown while the session lives");
+    // The driver goes away with all of it still queued.
+    driver.abort();
+    assert!(driver.await.is_err_and(|e| e.is_cancelled()));
+    for (stream, what) in [(&mut flushed, "flush"), (&mut shut, "shutdown")] {
+        let result = within(what, stream.flush()).await;
+        let error = stream_error(result, "the bytes were never written");
+        assert!(matches!(error, Error::ClosedLocally), "{what}: {error:?}");
+    }
+    let error = stream_error(within("shutdown", shut.shutdown()).await, "shutdown");
+    assert!(matches!(error, Error::ClosedLocally), "{error:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn idle_timeout_fires_while_writes_stall() {
     const IDLE: Duration = Duration::from_secs(5);
