@@ -65,7 +65,7 @@
 //! them (the driver writes them with vectored writes).
 //!
 //! Writes are coalesced: every writer appends frames to one outgoing queue of
-//! [`Config::write_buffer_size`] bytes (256 KiB), which the driver writes in large transport
+//! [`Config::write_buffer_size`] bytes (1 MiB), which the driver writes in large transport
 //! writes, whatever Nagle's algorithm is set to. Writers waiting for room in that queue are
 //! let in oldest first, so streams writing at once share the connection, and a small frame
 //! waits behind at most that queue and what the transport holds, never behind another stream's
@@ -129,7 +129,7 @@
 //! | [`receive_window`](Config::receive_window) | 64 KiB | data buffered per stream for a reader that does not read |
 //! | [`max_receive_window`](Config::max_receive_window) | 16 MiB | how far one stream's window grows |
 //! | [`receive_window_budget`](Config::receive_window_budget) | 64 MiB | growth of all windows together |
-//! | [`write_buffer_size`](Config::write_buffer_size) | 256 KiB | outgoing bytes queued before writers wait |
+//! | [`write_buffer_size`](Config::write_buffer_size) | 1 MiB | outgoing bytes queued before writers wait |
 //! | [`max_payload`](Config::max_payload) | 64 KiB | largest Data frame sent or accepted (Go's limit) |
 //! | [`keepalive_interval`](Config::keepalive_interval) | 30 s | silence before a Keepalive is sent |
 //! | [`idle_timeout`](Config::idle_timeout) | off | silence from the peer before the session ends |

@@ -28,7 +28,7 @@ const PATH: Link = Link {
 };
 
 /// Bytes of outgoing frames a session queues before writers wait (the default).
-const WRITE_BUFFER: usize = 256 * 1024;
+const WRITE_BUFFER: usize = 1024 * 1024;
 
 /// A client and a server session over a fresh simulated link. The server echoes every stream
 /// whose first byte is `b'e'` and discards the others.

@@ -29,6 +29,14 @@ use crate::frame::{Header, Kind};
 /// connection cannot monopolise a runtime thread.
 const READ_BUDGET: usize = 1024 * 1024;
 
+/// Outgoing queues grow to the largest batch written (up to about `write_buffer_size`, twice:
+/// the queue being filled and the batch being written) and keep that capacity while traffic
+/// lasts. Once the driver has taken no batch larger than `QUEUE_KEEP` for `QUEUE_LINGER`, it
+/// gives both back to the allocator, so a burst's buffers are not held by a session gone quiet.
+/// (The keepalive wakes an idle driver, so this happens even when nothing more is written.)
+const QUEUE_KEEP: usize = 64 * 1024;
+const QUEUE_LINGER: Duration = Duration::from_secs(1);
+
 /// Drives a session: reads, writes and times its transport. Created by
 /// [`Session::new`](crate::Session::new); [`Session::client`](crate::Session::client) and the
 /// other constructors spawn it for you.
@@ -47,6 +55,9 @@ pub struct Connection<T> {
     written: Cursor,
     /// `queued_total` at the end of `write_buf`.
     write_mark: u64,
+    /// When the driver last took a batch larger than [`QUEUE_KEEP`], until it releases the
+    /// queues' memory.
+    large_batch_at: Option<Instant>,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
     phase: Phase,
@@ -147,6 +158,7 @@ where
             write_buf: OutQueue::new(),
             written: Cursor::default(),
             write_mark: 0,
+            large_batch_at: None,
             unflushed: false,
             phase: Phase::Active,
             wakers: Vec::new(),
@@ -317,6 +329,15 @@ where
                     if waiting {
                         cx.waker().wake_by_ref();
                     }
+                    if self
+                        .large_batch_at
+                        .is_some_and(|at| at.elapsed() >= QUEUE_LINGER)
+                    {
+                        self.large_batch_at = None;
+                        inner.out.release();
+                        self.write_buf.release();
+                        self.written = Cursor::default();
+                    }
                     drop(inner);
                     self.wake_collected();
                     break;
@@ -324,6 +345,9 @@ where
                 self.write_buf.clear();
                 self.written = Cursor::default();
                 std::mem::swap(&mut inner.out, &mut self.write_buf);
+                if self.write_buf.len() > QUEUE_KEEP {
+                    self.large_batch_at = Some(Instant::now());
+                }
                 self.write_mark = inner.queued_total;
                 inner.wake_space(&mut self.wakers);
                 took = true;
@@ -568,5 +592,52 @@ impl Drop for EndOnDrop {
         for waker in wakers {
             waker.wake();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::{Config, Role, Session};
+
+    /// After a burst, the outgoing queues keep their capacity while traffic lasts and give it
+    /// back once the session has been quiet for `QUEUE_LINGER` (the keepalive wakes the driver).
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_session_gives_back_its_outgoing_buffers() {
+        let (io, peer) = tokio::io::duplex(64 * 1024);
+        let (session, mut connection) = Session::new(io, Role::Client, Config::default());
+        let peer = Session::server(peer);
+        tokio::spawn(async move {
+            let mut stream = peer.accept().await.expect("accept");
+            let mut buf = vec![0; 64 * 1024];
+            while stream.read(&mut buf).await.expect("read") > 0 {}
+        });
+        let burst = async {
+            let mut stream = session.open().await.expect("open");
+            stream.write_all(&[7; 4 << 20]).await.expect("write");
+            stream
+        };
+        let stream = tokio::select! {
+            stream = burst => stream,
+            _ = &mut connection => panic!("the session ended"),
+        };
+        // Let the driver write out what is queued; the peer reads it into its buffers.
+        let _ = tokio::time::timeout(Duration::from_millis(100), &mut connection).await;
+        let held = connection.write_buf.capacity() + connection.shared.lock().out.capacity();
+        assert!(
+            held > super::QUEUE_KEEP,
+            "the burst's buffers are kept at first"
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(40), &mut connection).await;
+        let held = connection.write_buf.capacity() + connection.shared.lock().out.capacity();
+        // (What remains is the keepalive's header, queued afterwards.)
+        assert!(
+            held <= 64,
+            "and released once the session is quiet: {held} bytes held"
+        );
+        drop(stream);
     }
 }

@@ -78,6 +78,17 @@ impl OutQueue {
         self.spliced_len = 0;
     }
 
+    /// Empties the queue and gives its buffers back to the allocator.
+    pub(crate) fn release(&mut self) {
+        *self = OutQueue::new();
+    }
+
+    /// Bytes the queue can hold without growing (for tests).
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
     /// The next unwritten slice after `cursor`; empty when everything is written.
     pub(crate) fn next_slice(&self, cursor: &Cursor) -> &[u8] {
         self.segment(cursor)
