@@ -97,8 +97,9 @@
 //! | [`Session::close`] | CloseMux, then the transport is shut down | every stream fails with [`Error::ClosedLocally`] (buffered data stays readable) | [`Error::ClosedByPeer`] |
 //!
 //! Data written before any of these is queued ahead of the close, so it is delivered unless
-//! the transport fails. `flush` and `shutdown` return once it is queued, as on a socket;
-//! [`Stream::close`] waits until it is written to the transport.
+//! the transport fails. `flush` and `shutdown` return once it is queued, as on a socket (but
+//! the queue is in your process: stopping the runtime or the process loses what is still in
+//! it); [`Stream::close`] and [`Session::close`] wait until it is written to the transport.
 //! When the last [`Session`] handle is dropped, inbound streams are refused and the session
 //! closes itself once its last stream is gone.
 //!

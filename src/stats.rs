@@ -10,14 +10,15 @@
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use tokio::io::AsyncWriteExt;
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 ///
 /// let (a, b) = tokio::io::duplex(64 * 1024);
 /// let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
 /// let mut stream = client.open().await?;
 /// stream.write_all(b"hello").await?;
-/// stream.flush().await?; // on the transport now
-/// let _inbound = server.accept().await?;
+/// let mut inbound = server.accept().await?;
+/// let mut hello = [0; 5];
+/// inbound.read_exact(&mut hello).await?; // so the client has sent it
 ///
 /// let stats = client.stats();
 /// assert_eq!(stats.streams_opened, 1);

@@ -19,9 +19,14 @@
 //! to the transport in order without any further call; the queue is bounded by
 //! [`Config::write_buffer_size`](crate::Config::write_buffer_size), and writes wait for room.
 //! `flush` and `shutdown` therefore return at once while the session lives, as they do on a
-//! `TcpStream`, whose kernel buffer plays the same part. Once the session has ended they wait
-//! for the driver to finish and fail if the stream's bytes were not written. To know that
-//! everything reached the transport, close with [`Stream::close`], which waits for it.
+//! `TcpStream`, whose kernel buffer plays the same part. Once the transport has refused a write
+//! they fail (as do writes), and once the session has ended they wait for the driver to finish
+//! and fail if the stream's bytes were not written.
+//!
+//! Unlike a kernel buffer, the queue lives in your process: bytes still in it are lost if the
+//! runtime or the process stops. To know that everything reached the transport, close with
+//! [`Stream::close`], which waits for it, or end the session with
+//! [`Session::close`](crate::Session::close), which writes out the queue first.
 //!
 //! # Cancel safety
 //!

@@ -478,7 +478,7 @@ async fn both_ends(window: u32) -> Tally {
     tally
 }
 
-/// Writes `frames` full frames, one `chunk` each, and waits until they are on the transport.
+/// Writes `frames` full frames, one `chunk` each (returning once they are queued).
 async fn write_frames(stream: &mut Stream, chunk: &[u8], frames: u64) {
     for _ in 0..frames {
         stream.write_all(chunk).await.expect("write a frame");

@@ -278,6 +278,36 @@ async fn flush_and_shutdown_return_once_queued_and_report_what_an_ended_session_
     assert!(matches!(error, Error::ClosedLocally), "{error:?}");
 }
 
+/// After the transport refused a write, the session reads on for a while (so that nothing the
+/// peer sent is lost) but writes nothing more: opens, writes, flushes and closes fail at once
+/// instead of queueing or reporting bytes that will never be sent.
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_transport_write_nothing_reports_success() {
+    let (session, _driver, faults, _raw) =
+        raw_session(Role::Client, Config::default().close_timeout(CLOSE_TIMEOUT));
+    let mut stream = within("open", session.open()).await.expect("open");
+    stream.write_all(b"sent").await.expect("queued");
+    settle().await;
+    faults.break_writes();
+    stream
+        .write_all(b"never sent")
+        .await
+        .expect("queued before the driver tries to write it");
+    settle().await;
+    assert!(session.close_reason().is_none(), "the session reads on");
+    let is_broken_pipe = |error: &Error| matches!(error, Error::Transport(e) if e.kind() == io::ErrorKind::BrokenPipe);
+    let error = stream_error(within("flush", stream.flush()).await, "flush");
+    assert!(is_broken_pipe(&error), "flush: {error:?}");
+    let error = stream_error(within("write", stream.write_all(b"more")).await, "write");
+    assert!(is_broken_pipe(&error), "write: {error:?}");
+    let error = stream_error(within("shutdown", stream.shutdown()).await, "shutdown");
+    assert!(is_broken_pipe(&error), "shutdown: {error:?}");
+    let error = within("open", session.open()).await.expect_err("open");
+    assert!(is_broken_pipe(&error), "open: {error:?}");
+    let error = within("close", stream.close()).await.expect_err("close");
+    assert!(is_broken_pipe(&error), "close: {error:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn idle_timeout_fires_while_writes_stall() {
     const IDLE: Duration = Duration::from_secs(5);

@@ -31,9 +31,11 @@ const READ_BUDGET: usize = 1024 * 1024;
 
 /// Outgoing queues grow to the largest batch written (up to about `write_buffer_size`, twice:
 /// the queue being filled and the batch being written) and keep that capacity while traffic
-/// lasts. Once the driver has taken no batch larger than `QUEUE_KEEP` for `QUEUE_LINGER`, it
-/// gives both back to the allocator, so a burst's buffers are not held by a session gone quiet.
-/// (The keepalive wakes an idle driver, so this happens even when nothing more is written.)
+/// lasts. When the driver finds nothing to write and it finished its last batch larger than
+/// `QUEUE_KEEP` at least `QUEUE_LINGER` ago, it gives both back to the allocator, so a burst's
+/// buffers are not held by a session gone quiet. It looks whenever it runs: an idle driver runs
+/// at the latest when the keepalive is due (30 s by default), or with keepalives off at the
+/// next activity.
 const QUEUE_KEEP: usize = 64 * 1024;
 const QUEUE_LINGER: Duration = Duration::from_secs(1);
 
@@ -55,8 +57,8 @@ pub struct Connection<T> {
     written: Cursor,
     /// `queued_total` at the end of `write_buf`.
     write_mark: u64,
-    /// When the driver last took a batch larger than [`QUEUE_KEEP`], until it releases the
-    /// queues' memory.
+    /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
+    /// releases the queues' memory.
     large_batch_at: Option<Instant>,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
@@ -345,9 +347,6 @@ where
                 self.write_buf.clear();
                 self.written = Cursor::default();
                 std::mem::swap(&mut inner.out, &mut self.write_buf);
-                if self.write_buf.len() > QUEUE_KEEP {
-                    self.large_batch_at = Some(Instant::now());
-                }
                 self.write_mark = inner.queued_total;
                 inner.wake_space(&mut self.wakers);
                 took = true;
@@ -371,6 +370,10 @@ where
                 Poll::Ready(Ok(n)) => {
                     self.write_buf.advance(&mut self.written, n);
                     self.unflushed = true;
+                    if self.write_buf.len() > QUEUE_KEEP && self.write_buf.is_written(&self.written)
+                    {
+                        self.large_batch_at = Some(Instant::now());
+                    }
                     if let Some(keepalive) = &mut self.keepalive {
                         keepalive.last = Instant::now();
                     }
@@ -529,6 +532,10 @@ where
                         // failed: read on until the transport ends (for at most the close
                         // timeout), so that none of it is lost. Writes go nowhere meanwhile.
                         let deadline = Box::pin(tokio::time::sleep(this.close_timeout));
+                        let mut inner = this.shared.lock();
+                        inner.transport_write_failed(error.clone(), &mut this.wakers);
+                        drop(inner);
+                        this.wake_collected();
                         this.write_failed = Some((error, deadline));
                         continue;
                     }
@@ -597,14 +604,14 @@ impl Drop for EndOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    use super::Connection;
     use crate::{Config, Role, Session};
 
-    /// After a burst, the outgoing queues keep their capacity while traffic lasts and give it
-    /// back once the session has been quiet for `QUEUE_LINGER` (the keepalive wakes the driver).
+    /// After a burst, the outgoing queues keep their capacity for `QUEUE_LINGER` and give it
+    /// back when the driver next runs after that. (Here the timeouts wake the driver as they
+    /// expire; an idle session's keepalive does the same.)
     #[tokio::test(start_paused = true)]
     async fn a_quiet_session_gives_back_its_outgoing_buffers() {
         let (io, peer) = tokio::io::duplex(64 * 1024);
@@ -624,19 +631,20 @@ mod tests {
             stream = burst => stream,
             _ = &mut connection => panic!("the session ended"),
         };
-        // Let the driver write out what is queued; the peer reads it into its buffers.
-        let _ = tokio::time::timeout(Duration::from_millis(100), &mut connection).await;
-        let held = connection.write_buf.capacity() + connection.shared.lock().out.capacity();
+        let held = |connection: &Connection<_>| {
+            connection.write_buf.capacity() + connection.shared.lock().out.capacity()
+        };
+        // The driver writes out what is queued, and runs again as the timeout expires.
+        let _ = tokio::time::timeout(super::QUEUE_LINGER / 2, &mut connection).await;
         assert!(
-            held > super::QUEUE_KEEP,
+            held(&connection) > super::QUEUE_KEEP,
             "the burst's buffers are kept at first"
         );
-        let _ = tokio::time::timeout(Duration::from_secs(40), &mut connection).await;
-        let held = connection.write_buf.capacity() + connection.shared.lock().out.capacity();
-        // (What remains is the keepalive's header, queued afterwards.)
-        assert!(
-            held <= 64,
-            "and released once the session is quiet: {held} bytes held"
+        let _ = tokio::time::timeout(super::QUEUE_LINGER, &mut connection).await;
+        assert_eq!(
+            held(&connection),
+            0,
+            "and released once the session is quiet"
         );
         drop(stream);
     }

@@ -265,6 +265,9 @@ pub(crate) struct Inner {
     pub(crate) finished: bool,
     /// A transport error met while closing, reported by `Session::close`.
     pub(crate) close_error: Option<Error>,
+    /// The transport refused a write, so nothing queued will be sent. The driver reads on for
+    /// a while (so the session has not ended yet), but opens, writes and flushes fail with it.
+    pub(crate) write_failed: Option<Error>,
     /// Tasks waiting for the driver to finish.
     pub(crate) close_waiters: WaitList,
     /// Live `Session` handles. When none is left, inbound streams are refused and the session
@@ -310,6 +313,7 @@ impl Inner {
             send_close_mux: false,
             finished: false,
             close_error: None,
+            write_failed: None,
             close_waiters: WaitList::new(),
             session_handles: 1,
             clock: Instant::now(),
@@ -640,6 +644,20 @@ impl Inner {
         }
     }
 
+    /// Records that the transport refused a write: everything waiting to write or for its
+    /// bytes to be written is woken to fail (see `write_failed`).
+    pub(crate) fn transport_write_failed(&mut self, error: Error, wakers: &mut Vec<Waker>) {
+        if self.write_failed.is_some() {
+            return;
+        }
+        self.write_failed = Some(error);
+        for stream in self.streams.iter_mut() {
+            wakers.extend(stream.write_waker.take());
+        }
+        wakers.extend(self.space_waiters.drain(..).map(|(waker, _)| waker));
+        wakers.extend(self.flush_wakers.drain(..).map(|(_, waker)| waker));
+    }
+
     /// Marks the driver finished and wakes those waiting for it.
     pub(crate) fn finish(&mut self, wakers: &mut Vec<Waker>) {
         self.finished = true;
@@ -654,7 +672,7 @@ impl Inner {
 
     /// Opens a stream: allocates the next free id of this side's parity and queues OpenStream.
     pub(crate) fn poll_open(&mut self, waker: &Waker) -> Poll<Result<(usize, u32), Error>> {
-        if let Some(error) = &self.end {
+        if let Some(error) = self.end.as_ref().or(self.write_failed.as_ref()) {
             return Poll::Ready(Err(error.clone()));
         }
         if self.streams.len() >= self.config.max_streams {
@@ -875,7 +893,7 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
-        if let Some(error) = write_error(stream, &self.end) {
+        if let Some(error) = write_error(stream, &self.end).or_else(|| self.write_failed.clone()) {
             return Poll::Ready(Err(error));
         }
         if len == 0 {
@@ -927,16 +945,16 @@ impl Inner {
         self.queue_credit(key);
     }
 
-    /// `flush` and `shutdown`: ready at once while the session lives, since what the stream
-    /// queued is then on its way (the driver writes the queue in order, with no further call);
-    /// once the session has ended, as [`Inner::poll_written`], so that bytes the ending
-    /// session may not write are reported rather than taken for sent.
+    /// `flush` and `shutdown`: ready at once while the session lives and its transport takes
+    /// writes, since what the stream queued is then on its way (the driver writes the queue in
+    /// order, with no further call); otherwise as [`Inner::poll_written`], so that bytes that
+    /// may never be written are reported rather than taken for sent.
     ///
     /// Waiting for the transport every time would cost each flush a wake-up after the driver's
     /// next write: with thousands of short streams, over a third of the time (see the
     /// `streams` bench in BENCHMARKS.md).
     pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
-        if self.end.is_none() {
+        if self.end.is_none() && self.write_failed.is_none() {
             return Poll::Ready(Ok(()));
         }
         self.poll_written(key, waker)
@@ -947,6 +965,9 @@ impl Inner {
         let last = self.streams.get(key).map_or(0, |s| s.last_queued);
         if self.written_total >= last {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(error) = &self.write_failed {
+            return Poll::Ready(Err(error.clone()));
         }
         if self.finished {
             // The driver is gone and this stream's bytes never reached the transport.

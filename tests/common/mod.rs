@@ -183,6 +183,7 @@ pub struct Faults(Arc<Mutex<FaultState>>);
 struct FaultState {
     pause_reads: bool,
     stall_writes: bool,
+    break_writes: bool,
     reset: bool,
     read_waker: Option<Waker>,
     write_waker: Option<Waker>,
@@ -207,6 +208,15 @@ impl Faults {
         self.change(|state| {
             state.pause_reads = on;
             [state.read_waker.take(), None]
+        });
+    }
+
+    /// From now on every write fails with `BrokenPipe`, while reads go on (as when the peer
+    /// shut its reading down but still sends).
+    pub fn break_writes(&self) {
+        self.change(|state| {
+            state.break_writes = true;
+            [state.write_waker.take(), None]
         });
     }
 
@@ -284,6 +294,9 @@ impl<T: AsyncWrite + Unpin> Faulty<T> {
         let mut state = self.faults.state();
         if state.reset {
             return Some(Poll::Ready(Err(reset_error())));
+        }
+        if state.break_writes {
+            return Some(Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())));
         }
         if state.stall_writes {
             state.write_waker = Some(cx.waker().clone());
