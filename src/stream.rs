@@ -176,7 +176,8 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// The session's error when it ended before the stream's data reached the transport; a
+    /// The session's error when it ended before the stream's data reached the transport, or
+    /// the transport's when it refused a write before then; a
     /// [`Error::Transport`] of kind `TimedOut` when the transport did not take it within the
     /// close timeout (it stays queued, and goes out if the transport recovers).
     pub async fn close(&mut self) -> Result<(), Error> {
