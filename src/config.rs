@@ -45,12 +45,38 @@ impl Role {
 /// assert_eq!(config.max_streams_limit(), 1024);
 /// ```
 ///
-/// What a peer can make a session hold is bounded by these settings: at most
-/// `max_streams × receive_window + receive_window_budget` bytes of received data (plus, for
-/// small frames, a copy buffer of at most twice the data it holds, and for frames of 16 KiB or more, the read buffer
-/// they were received into: at most 192 KiB for each such frame still unread), and about
-/// `2 × (write_buffer_size + max_payload) + 8 × max_streams` bytes of outgoing frames (the
-/// queue being filled, the batch being written, and control frames).
+/// # Memory bounds
+///
+/// What a peer can make a session hold is bounded by these settings (each bound has a test
+/// that measures it, named beside it):
+///
+/// - **Received data**: at most `B = max_streams × receive_window + receive_window_budget`
+///   bytes buffered for the application (512 MiB + 64 MiB at the defaults, reached only if no
+///   stream is read). The memory holding it stays within `3 × B + 1 MiB`: large payloads are
+///   kept as slices of the read buffer they arrived in, and when the read buffers they keep
+///   alive come to more than twice the data plus 1 MiB, the data is copied out and the buffers
+///   let go; small payloads are copied into per-stream buffers (at most twice the data, plus
+///   4 KiB per stream holding some). (`tests/core_findings_b.rs`, `unread_large_frames_do_not_pin_read_buffers_many_times_their_size`)
+/// - **Read buffers**: the driver's current one, and up to 64 spares of at most 192 KiB kept
+///   for reuse, dropped after a second without use.
+/// - **Outgoing frames**: the data queue holds at most `write_buffer_size + max_payload + 8`
+///   bytes written by the application, plus 16 bytes per stream for its closes; the batch being
+///   written holds as much again. The control queue (credit, refusals, closes, keepalives)
+///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is
+///   over `accept_backlog + max_streams` frames, which only a peer that does not read our
+///   frames can cause. (`tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`)
+/// - **Waiting tasks**: each waiting future holds at most one entry in a wait queue.
+///   (`tests/core_findings_a.rs`, `*_do_not_pile_up_its_waker`, `*_leave_no_registrations_behind`)
+///
+/// # Choice of defaults
+///
+/// The defaults suit a Go peer and a busy server: Go's 64 KiB payload limit and initial window;
+/// windows that grow to 16 MiB so one stream fills a long fat link; 8192 streams and a backlog of
+/// 1024 so bursts of opens are accepted; a 1 MiB write buffer, which moved 10–23 % more than
+/// 256 KiB with 100 and more streams (BENCHMARKS.md); a 30 s keepalive, well under common NAT
+/// and proxy idle timeouts. The idle and write-stall timeouts are off, because a Go peer sends
+/// a keepalive only every 10 minutes and stops reading the connection while its own accept
+/// queue is full: turn them on with values that fit the peer.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub(crate) max_payload: usize,
@@ -63,7 +89,12 @@ pub struct Config {
     pub(crate) accept_backlog: usize,
     pub(crate) max_streams: usize,
     pub(crate) write_buffer_size: usize,
+    pub(crate) write_stall_timeout: Option<Duration>,
 }
+
+/// The most live streams a session allows: the search for a free id of this side's parity
+/// (2^31 of them) must always find one.
+const MAX_STREAMS: usize = 1 << 30;
 
 impl Default for Config {
     fn default() -> Config {
@@ -78,6 +109,7 @@ impl Default for Config {
             accept_backlog: 1024,
             max_streams: 8192,
             write_buffer_size: 1024 * 1024,
+            write_stall_timeout: None,
         }
     }
 }
@@ -88,6 +120,7 @@ impl Config {
     /// Data frame above it ends the session with
     /// [`ProtocolError::PayloadTooLarge`](crate::ProtocolError::PayloadTooLarge). Clamped to
     /// 1..=16,777,215.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn max_payload(mut self, bytes: usize) -> Config {
         self.max_payload = bytes.clamp(1, MAX_LENGTH_FIELD as usize);
         self
@@ -99,6 +132,7 @@ impl Config {
     /// also the most a stream buffers for a reader that never reads (a window that has grown,
     /// see [`max_receive_window`](Config::max_receive_window), holds up to its new size).
     /// Clamped to 65536..=16,777,215.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window(mut self, bytes: u32) -> Config {
         self.receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
         self
@@ -109,15 +143,18 @@ impl Config {
     /// empty (so the window, not the reader or the sender, limits it) gets its window doubled, up to this and within
     /// [`receive_window_budget`](Config::receive_window_budget). A window of 64 KiB carries at
     /// most 64 KiB per round trip: 3.2 MB/s at 20 ms. Set it to `receive_window` to keep windows
-    /// fixed. Clamped to at least `receive_window`.
+    /// fixed. Clamped to 65536..=16,777,215 (the largest credit one WindowUpdate carries), and
+    /// never below `receive_window`.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn max_receive_window(mut self, bytes: u32) -> Config {
-        self.max_receive_window = bytes;
+        self.max_receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
         self
     }
 
     /// What all of a session's streams together may add to their windows by growing, default
     /// 64 MiB. It bounds the extra data a peer can make the session buffer; a stream gives its
     /// share back when it closes.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window_budget(mut self, bytes: u64) -> Config {
         self.receive_window_budget = bytes;
         self
@@ -125,6 +162,7 @@ impl Config {
 
     /// Send a Keepalive frame after this long without writing anything, default 30 s; `None`
     /// never sends one. Keeps a peer's idle timeout (and NAT state) from expiring.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Config {
         self.keepalive_interval = interval.filter(|d| !d.is_zero());
         self
@@ -133,6 +171,7 @@ impl Config {
     /// End the session with [`Error::IdleTimeout`](crate::Error::IdleTimeout) when nothing at
     /// all is received for this long. Default `None` (off), because a Go peer sends a keepalive
     /// only every 10 minutes; set it above the peer's keepalive interval.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Config {
         self.idle_timeout = timeout.filter(|d| !d.is_zero());
         self
@@ -140,6 +179,7 @@ impl Config {
 
     /// How long an ending session keeps trying to flush what is queued (and its CloseMux) into a
     /// transport that does not accept writes before it gives up, default 10 s.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn close_timeout(mut self, timeout: Duration) -> Config {
         self.close_timeout = timeout;
         self
@@ -150,6 +190,7 @@ impl Config {
     /// end-of-stream and its writes fail); the session keeps reading. A peer that opens streams in
     /// bursts larger than this, faster than the application accepts, needs a larger backlog.
     /// Queued streams count towards `max_streams`. At least 1.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn accept_backlog(mut self, streams: usize) -> Config {
         self.accept_backlog = streams.max(1);
         self
@@ -159,9 +200,10 @@ impl Config {
     /// that open with [`Error::TooManyStreams`](crate::Error::TooManyStreams); a peer's open
     /// beyond it is refused with CloseStream. With the receive window this bounds the data a
     /// session buffers (8192 × 64 KiB = 512 MiB at the defaults, plus the 64 MiB
-    /// window-growth budget, reached only if no stream is read). At least 1.
+    /// window-growth budget, reached only if no stream is read). Clamped to 1..=2^30.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn max_streams(mut self, streams: usize) -> Config {
-        self.max_streams = streams.max(1);
+        self.max_streams = streams.clamp(1, MAX_STREAMS);
         self
     }
 
@@ -172,9 +214,23 @@ impl Config {
     /// fits, so streams writing at once take turns; a frame waits behind at most about twice
     /// this (the queue, and the batch being written) plus what the transport holds. A smaller
     /// queue shortens that wait on a slow link, at the cost of smaller transport writes.
-    /// Control frames (window updates, closes) are never held back by it.
+    /// Control frames (window updates, refusals, closes, keepalives) are not held back by it:
+    /// they have a queue of their own, written ahead of the data at the start of every batch.
+    #[must_use = "a setter returns the changed configuration"]
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
         self.write_buffer_size = bytes.max(1);
+        self
+    }
+
+    /// End the session with [`Error::WriteStalled`](crate::Error::WriteStalled) when bytes wait
+    /// for the transport and it takes none of them for this long: a peer that keeps the
+    /// connection open but stops reading would otherwise leave every writer waiting for ever.
+    /// Default `None` (off), because a Go peer stops reading while its accept queue is full,
+    /// which a slow application on its side can make last; set it above the longest pause the
+    /// peer may take (a minute, say). A slow link is no stall: any progress restarts the clock.
+    #[must_use = "a setter returns the changed configuration"]
+    pub fn write_stall_timeout(mut self, timeout: Option<Duration>) -> Config {
+        self.write_stall_timeout = timeout.filter(|d| !d.is_zero());
         self
     }
 

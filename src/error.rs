@@ -177,6 +177,10 @@ pub enum Error {
     WriteClosed,
     /// The peer will read no more on this stream (it sent CloseWrite or CloseStream). (`BrokenPipe`)
     PeerReadClosed,
+    /// The transport took none of the bytes waiting for it for the configured write-stall
+    /// timeout (the peer stopped reading while keeping the connection open); the session is
+    /// over. (`TimedOut`)
+    WriteStalled,
 }
 
 impl Error {
@@ -196,7 +200,7 @@ impl Error {
             Error::ClosedByPeer => io::ErrorKind::ConnectionAborted,
             Error::ConnectionClosed => io::ErrorKind::ConnectionReset,
             Error::UnexpectedEof => io::ErrorKind::UnexpectedEof,
-            Error::IdleTimeout => io::ErrorKind::TimedOut,
+            Error::IdleTimeout | Error::WriteStalled => io::ErrorKind::TimedOut,
             Error::Transport(e) => e.kind(),
             Error::TooManyStreams => io::ErrorKind::Other,
             Error::WriteClosed | Error::PeerReadClosed => io::ErrorKind::BrokenPipe,
@@ -217,6 +221,9 @@ impl fmt::Display for Error {
             Error::TooManyStreams => f.write_str("too many streams"),
             Error::WriteClosed => f.write_str("stream closed for writing"),
             Error::PeerReadClosed => f.write_str("peer closed the stream for reading"),
+            Error::WriteStalled => {
+                f.write_str("the transport took no bytes within the write-stall timeout")
+            }
         }
     }
 }

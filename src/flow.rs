@@ -100,75 +100,86 @@ impl RecvWindow {
 ///
 /// A window is too small when it, rather than the link, the sender or the reader, limits the
 /// stream: the sender then sends a window's worth in a burst and waits a round trip for credit.
-/// The rule (a stricter form of the one QUIC and HTTP/2 stacks use, applied to arriving data):
-/// when half a window arrives within one round trip while the application keeps the buffer
-/// nearly empty, double the window. A stream limited by its link receives half a window more
-/// slowly once the window covers two round trips, a stream whose reader is slow has a full
-/// buffer, and a stream whose sender has little to send receives slowly: all three keep their
-/// window. (With two round trips as the bar, windows over loopback grew to 8 MiB, because the
-/// socket buffers deliver queued data in bursts far faster than the steady rate; one round trip
-/// keeps them near 1 MiB there and still reaches twice the bandwidth-delay product on a real
-/// link.)
+/// The rule (a stricter form of the one QUIC and HTTP/2 stacks use): when half a window arrives
+/// within one round trip *and* the application drains the buffer (to a quarter of the window)
+/// within one round trip of that, double the window. A stream limited by its link receives half
+/// a window more slowly once the window covers two round trips; a stream whose sender has
+/// little to send receives slowly; a stream whose reader is slow is not drained in time: all
+/// three keep their window. (Judged on arrival alone, as it once was, a Go sender, which sends
+/// a whole 64 KiB frame into an empty buffer as soon as it has the credit, made every slow
+/// reader look window-limited: `tests/core_findings_b.rs`, `a_slow_reader_*`.) With two round
+/// trips as the bar, windows over loopback grew to 8 MiB, because the socket buffers deliver
+/// queued data in bursts far faster than the steady rate; one round trip keeps them near 1 MiB
+/// there and still reaches twice the bandwidth-delay product on a real link.
 ///
 /// The protocol has no ping, so the round trip is measured on the streams themselves: when this
-/// side returns credit to a peer that had none left, that peer cannot have had data in flight,
+/// side writes credit to a peer that had none left, that peer cannot have had data in flight,
 /// and its next Data frame on the stream is the answer. The session keeps the smallest such
-/// sample. Times are microseconds on the session's clock, 0 meaning "not set".
+/// sample. The probe starts when the WindowUpdate goes to the transport, not when it is queued,
+/// so the sample holds no queueing on this side. Times are microseconds on the session's clock,
+/// 0 meaning "not set".
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tuner {
-    /// When credit was returned to the peer while it had none; cleared by the next Data.
+    /// When credit was written to the peer while it had none; cleared by the next Data.
     probe_at: u64,
-    /// When the current measurement began, and what arrived since.
+    /// When the current measurement of arrivals began, and what arrived since.
     epoch_at: u64,
     epoch_received: u32,
-}
-
-/// What one arrival told a [`Tuner`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Arrival {
-    /// A round trip completed by this frame, in microseconds.
-    pub(crate) rtt_sample: Option<u64>,
-    /// Half a window arrived within one round trip.
-    pub(crate) window_limited: bool,
+    /// When half a window last arrived within a round trip: the window grows if the reader
+    /// drains the buffer within a round trip of this.
+    limited_at: u64,
 }
 
 impl Tuner {
-    /// Credit is being returned to a peer that holds `peer_credit`: start a round-trip probe if
+    /// Credit is being written to a peer that holds `peer_credit`: start a round-trip probe if
     /// it had none.
-    pub(crate) fn on_credit(&mut self, peer_credit: u32, now: impl FnOnce() -> u64) {
+    pub(crate) fn on_credit(&mut self, peer_credit: u32, now: u64) {
         if peer_credit == 0 && self.probe_at == 0 {
-            self.probe_at = now();
+            self.probe_at = now;
         }
     }
 
     /// `n` bytes of data arrived on a stream whose window is `target`; `rtt` is the session's
-    /// round-trip estimate.
+    /// round-trip estimate. Returns the round trip this frame completes, if a probe was running.
     pub(crate) fn on_data(
         &mut self,
         n: u32,
         target: u32,
         rtt: Option<u64>,
-        now: impl Fn() -> u64,
-    ) -> Arrival {
-        let mut arrival = Arrival::default();
+        now: u64,
+    ) -> Option<u64> {
+        let mut sample = None;
         if self.probe_at != 0 {
-            arrival.rtt_sample = Some(now().saturating_sub(self.probe_at));
+            sample = Some(now.saturating_sub(self.probe_at));
             self.probe_at = 0;
         }
         if self.epoch_at == 0 {
-            self.epoch_at = now();
+            self.epoch_at = now;
             self.epoch_received = 0;
         }
         self.epoch_received = self.epoch_received.saturating_add(n);
         if self.epoch_received >= target / 2 {
-            let at = now();
-            let elapsed = at.saturating_sub(self.epoch_at);
+            let elapsed = now.saturating_sub(self.epoch_at);
             // The next epoch starts with the next frame.
             self.epoch_at = 0;
-            let rtt = rtt.or(arrival.rtt_sample);
-            arrival.window_limited = rtt.is_some_and(|rtt| elapsed < rtt);
+            if rtt.or(sample).is_some_and(|rtt| elapsed < rtt) {
+                self.limited_at = now;
+            }
         }
-        arrival
+        sample
+    }
+
+    /// The application read, leaving the buffer `low` (at most a quarter of the window) or not.
+    /// True when that completes the rule: the window should grow.
+    pub(crate) fn on_read(&mut self, low: bool, rtt: Option<u64>, now: u64) -> bool {
+        if self.limited_at == 0 {
+            return false;
+        }
+        let in_time = rtt.is_some_and(|rtt| now.saturating_sub(self.limited_at) < rtt);
+        if !in_time || low {
+            self.limited_at = 0;
+        }
+        in_time && low
     }
 }
 
@@ -244,47 +255,56 @@ mod tests {
     fn a_round_trip_is_measured_from_credit_to_a_sender_that_had_none() {
         let mut tuner = Tuner::default();
         let target = 1 << 20;
-        assert_eq!(tuner.on_data(10, target, None, || 5).rtt_sample, None);
-        tuner.on_credit(100, || 10);
-        let arrival = tuner.on_data(10, target, None, || 20);
+        assert_eq!(tuner.on_data(10, target, None, 5), None);
+        tuner.on_credit(100, 10);
         assert_eq!(
-            arrival.rtt_sample, None,
+            tuner.on_data(10, target, None, 20),
+            None,
             "the peer had credit: data may be in flight"
         );
-        tuner.on_credit(0, || 30);
-        tuner.on_credit(0, || 35);
-        let arrival = tuner.on_data(10, target, None, || 80);
+        tuner.on_credit(0, 30);
+        tuner.on_credit(0, 35);
         assert_eq!(
-            arrival.rtt_sample,
+            tuner.on_data(10, target, None, 80),
             Some(50),
             "measured from the first grant"
         );
-        assert_eq!(tuner.on_data(10, target, None, || 90).rtt_sample, None);
+        assert_eq!(tuner.on_data(10, target, None, 90), None);
     }
 
     #[test]
-    fn half_a_window_within_one_round_trip_means_the_window_limits() {
+    fn half_a_window_within_one_round_trip_drained_at_once_means_the_window_limits() {
         let mut tuner = Tuner::default();
         let target = INITIAL_WINDOW;
         let rtt = Some(20);
-        // Half the window in 15 µs, round trip 20 µs.
-        assert!(!tuner.on_data(16_384, target, rtt, || 1).window_limited);
-        assert!(tuner.on_data(16_384, target, rtt, || 16).window_limited);
+        // Half the window in 15 µs, round trip 20 µs, and the reader drains it at once.
+        tuner.on_data(16_384, target, rtt, 1);
+        assert!(!tuner.on_read(true, rtt, 2), "not half a window yet");
+        tuner.on_data(16_384, target, rtt, 16);
+        assert!(tuner.on_read(true, rtt, 17));
+        assert!(!tuner.on_read(true, rtt, 18), "once per burst");
         // Half the window in 30 µs: the link or the sender limits, not the window.
-        assert!(!tuner.on_data(16_384, target, rtt, || 100).window_limited);
-        assert!(!tuner.on_data(16_384, target, rtt, || 130).window_limited);
+        tuner.on_data(16_384, target, rtt, 100);
+        tuner.on_data(16_384, target, rtt, 130);
+        assert!(!tuner.on_read(true, rtt, 131));
         // No round trip measured yet: never.
         let mut unmeasured = Tuner::default();
-        assert!(
-            !unmeasured
-                .on_data(16_384, target, None, || 1)
-                .window_limited
-        );
-        assert!(
-            !unmeasured
-                .on_data(16_384, target, None, || 2)
-                .window_limited
-        );
+        unmeasured.on_data(65_536, target, None, 1);
+        assert!(!unmeasured.on_read(true, None, 2));
+    }
+
+    #[test]
+    fn a_burst_the_reader_drains_slowly_leaves_the_window_alone() {
+        let mut tuner = Tuner::default();
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        // A Go sender's whole window in one frame, into an empty buffer...
+        tuner.on_data(65_536, target, rtt, 100);
+        // ...read a little at a time: the buffer is not low within the round trip.
+        assert!(!tuner.on_read(false, rtt, 110));
+        assert!(!tuner.on_read(false, rtt, 119));
+        assert!(!tuner.on_read(true, rtt, 125), "drained, but too late");
+        assert!(!tuner.on_read(true, rtt, 126));
     }
 
     #[test]

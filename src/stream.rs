@@ -54,7 +54,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::Error;
-use crate::session::state::{Inner, Shared};
+use crate::session::core::{Inner, Shared};
 
 /// One multiplexed stream: `AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static`.
 ///
@@ -74,21 +74,26 @@ pub struct WriteHalf {
     handle: Handle,
 }
 
-/// A counted reference to a stream's state. The last one dropped closes the stream.
+/// A counted reference to a stream's state, for reading, writing or both. When the last
+/// reading one goes the stream stops reading on the wire, when the last writing one goes it
+/// shuts its writing down, and when both are gone it closes.
 struct Handle {
     shared: Arc<Shared>,
     key: usize,
     id: u32,
+    reads: bool,
+    writes: bool,
 }
 
 impl Handle {
     /// Runs `f` on the state with this stream's key, waking the driver if needed.
     fn with_driver<R>(&self, f: impl FnOnce(&mut Inner, usize) -> R) -> R {
-        self.shared.with_driver(|inner| f(inner, self.key))
+        self.shared.with_driver(|inner, _| f(inner, self.key))
     }
 
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.with_driver(|inner, key| inner.poll_read(key, cx.waker(), buf))
+        let now = tokio::time::Instant::now();
+        self.with_driver(|inner, key| inner.poll_read(key, cx.waker(), now, buf))
             .map_err(io::Error::from)
     }
 
@@ -98,8 +103,11 @@ impl Handle {
     }
 
     async fn read_chunk(&self, max: usize) -> Result<Option<Bytes>, Error> {
-        poll_fn(|cx| self.with_driver(|inner, key| inner.poll_read_chunk(key, cx.waker(), max)))
-            .await
+        poll_fn(|cx| {
+            let now = tokio::time::Instant::now();
+            self.with_driver(|inner, key| inner.poll_read_chunk(key, cx.waker(), now, max))
+        })
+        .await
     }
 
     async fn write_chunks(&self, chunks: &mut [Bytes]) -> Result<(), Error> {
@@ -129,27 +137,38 @@ impl Handle {
         .map_err(io::Error::from)
     }
 
-    fn split(self) -> (Handle, Handle) {
-        self.shared.lock().add_handle(self.key);
-        let other = Handle {
+    /// The reading and the writing half of a handle for both: the state counts a `Stream` as
+    /// one reader and one writer, so nothing changes there.
+    fn split(mut self) -> (Handle, Handle) {
+        let write = Handle {
             shared: Arc::clone(&self.shared),
             key: self.key,
             id: self.id,
+            reads: false,
+            writes: self.writes,
         };
-        (self, other)
+        self.writes = false;
+        (self, write)
     }
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.with_driver(|inner, key| inner.release(key));
+        let (reads, writes) = (self.reads, self.writes);
+        self.with_driver(|inner, key| inner.release(key, reads, writes));
     }
 }
 
 impl Stream {
     pub(crate) fn new(shared: Arc<Shared>, key: usize, id: u32) -> Stream {
         Stream {
-            handle: Handle { shared, key, id },
+            handle: Handle {
+                shared,
+                key,
+                id,
+                reads: true,
+                writes: true,
+            },
         }
     }
 
@@ -186,7 +205,11 @@ impl Stream {
             inner.config.close_timeout
         });
         let handle = &self.handle;
-        let flushed = poll_fn(|cx| handle.shared.lock().poll_written(handle.key, cx.waker()));
+        let flushed = poll_fn(|cx| {
+            handle
+                .shared
+                .with_driver(|inner, _| inner.poll_written(handle.key, cx.waker()))
+        });
         match tokio::time::timeout(limit, flushed).await {
             Ok(result) => result,
             Err(_) => Err(Error::Transport(Arc::new(io::Error::new(
@@ -253,8 +276,10 @@ impl Stream {
         self.handle.write_chunks(chunks).await
     }
 
-    /// Splits the stream into halves that can be used from different tasks. The stream closes
-    /// when both are dropped.
+    /// Splits the stream into halves that can be used from different tasks. Dropping the
+    /// [`WriteHalf`] shuts the writing down, as `shutdown` does (and as tokio's
+    /// `OwnedWriteHalf` does on drop); dropping the [`ReadHalf`] stops reading, as
+    /// [`close_read`](Stream::close_read) does; the stream closes when both are dropped.
     pub fn into_split(self) -> (ReadHalf, WriteHalf) {
         let (read, write) = self.handle.split();
         (ReadHalf { handle: read }, WriteHalf { handle: write })

@@ -346,10 +346,23 @@ async fn frames_for_unknown_or_closed_streams_are_ignored() {
     assert_eq!(&reply.payload[..], b"pong");
     assert!(!h.session.is_closed(), "{:?}", h.session.close_reason());
 
-    within("close", h.session.close())
-        .await
-        .expect("graceful close");
-    h.expect_end(&Error::ClosedLocally, true).await;
+    // The raw peer closes the connection once it has read the CloseMux, as a Go peer does.
+    let (closed, last) = within("close", async {
+        let peer = async {
+            let mut last = None;
+            while let Some(frame) = h.raw.next().await {
+                last = Some(frame.expect("well-formed").header.kind);
+            }
+            h.raw.get_mut().shutdown().await.expect("shutdown");
+            last
+        };
+        tokio::join!(h.session.close(), peer)
+    })
+    .await;
+    closed.expect("graceful close");
+    assert_eq!(last, Some(Kind::CloseMux), "CloseMux before EOF");
+    let outcome = within("driver end", &mut h.driver).await;
+    outcome.expect("no panic").expect("a graceful end");
 }
 
 #[tokio::test]

@@ -11,8 +11,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn after_a_graceful_close_the_transport_comes_back_shut_down() {
     let (io, mut peer) = tokio::io::duplex(1024);
     let (session, mut connection) = Session::new(io, Role::Client, Config::default());
-    let (closed, driven) = within("close", async {
-        tokio::join!(session.close(), &mut connection)
+    // The peer answers the CloseMux with its own (the session reads until the peer's CloseMux
+    // or end of file, so that the peer is not reset), and reads to the end.
+    let answer = async {
+        let mut seen = Vec::new();
+        peer.read_to_end(&mut seen).await.expect("read");
+        peer.write_all(&Header::new(0, Kind::CloseMux).to_bytes())
+            .await
+            .expect("write");
+        seen
+    };
+    let (closed, driven, seen) = within("close", async {
+        tokio::join!(session.close(), &mut connection, answer)
     })
     .await;
     closed.expect("graceful close");
@@ -20,10 +30,6 @@ async fn after_a_graceful_close_the_transport_comes_back_shut_down() {
     let io = connection.into_inner();
 
     // The peer saw CloseMux, then end of file: the transport was shut down for writing...
-    let mut seen = Vec::new();
-    within("the peer's read", peer.read_to_end(&mut seen))
-        .await
-        .expect("read");
     let header = Header::from_bytes(seen[..HEADER_LEN].try_into().expect("8 bytes"));
     assert_eq!(header.expect("a frame").kind, Kind::CloseMux);
     // ...and it is the same transport: what the peer writes arrives on it.

@@ -494,6 +494,10 @@ impl Replay {
                 Ok(Err(e)) => return Err(format!("writing {shape} to our session failed: {e}")),
                 Err(_) => return Err(format!("timed out writing {shape}")),
             }
+            if kind == Kind::CloseMux {
+                // The Go peer closes the connection right after its CloseMux (`Mux::Close`).
+                let _ = self.writer.shutdown().await;
+            }
         }
         Ok(())
     }
@@ -519,12 +523,24 @@ impl Replay {
     /// Ends the session as the Go pair did. Where the Go peer sent the CloseMux, ours must have
     /// ended by it. Otherwise the Go side in our role closed the session, and ours does so now:
     /// only after the replay, whose last writes would otherwise fail for reasons of the test's
-    /// timing alone.
-    async fn end(&self) {
+    /// timing alone. The Go peer closes the connection as soon as it reads our CloseMux
+    /// (`setErr` in its mux.go), and ours reads until it does, so the raw end does the same.
+    async fn end(&mut self) {
         let mut theirs = self.theirs.iter();
         let by_peer = theirs.any(|c| c.frame.header.kind == Kind::CloseMux);
         if !by_peer {
-            must("closing the session gracefully", self.session.close()).await;
+            let (seen, writer) = (&mut self.seen, &mut self.writer);
+            let peer_closes = async {
+                let _ = seen.wait_for(|seen| seen.sent(Kind::CloseMux, 0)).await;
+                let _ = writer.shutdown().await;
+            };
+            let closing = async {
+                must("closing the session gracefully", self.session.close()).await;
+            };
+            within("both ends to close", async {
+                tokio::join!(closing, peer_closes)
+            })
+            .await;
         }
         let reason = within("the session to end", self.session.closed()).await;
         let expected = match (by_peer, &reason) {

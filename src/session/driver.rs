@@ -1,11 +1,13 @@
 //! [`Connection`]: the future that drives one session's transport.
 //!
-//! It alone reads and writes the transport. Each poll it (1) reads whatever the transport has
-//! and applies the frames to the shared state, (2) moves the queued outgoing bytes into its own
-//! buffer and writes them, flushing when nothing more is queued, (3) runs the keepalive and idle
-//! timers. Reading never waits for the application: received data goes into per-stream buffers
-//! bounded by the credit this side granted, inbound streams beyond the backlog are refused, and
-//! a pending transport write does not stop reads (both are polled in the same turn).
+//! It alone reads and writes the transport, and talks to the session's core only through its
+//! methods. Each poll it (1) reads whatever the transport has and applies the frames to the
+//! core, (2) takes the queued frames (control first, then data) and writes them, (3) runs the
+//! keepalive, idle and write-stall timers. Reading never waits for the application: received
+//! data goes into per-stream buffers bounded by the credit this side granted, inbound streams
+//! beyond the backlog are refused, and a pending transport write does not stop reads (both are
+//! polled in the same turn). Reading waits only while the control queue is over its bound,
+//! which only a peer that does not read our frames can cause.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -18,12 +20,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
+use super::core::{Batch, Shared};
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
-use super::state::Shared;
 use crate::codec::FrameCodec;
 use crate::error::{CodecError, Error};
-use crate::frame::{Header, Kind};
+use crate::frame::Kind;
 
 /// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
 /// connection cannot monopolise a runtime thread.
@@ -52,11 +54,15 @@ pub struct Connection<T> {
     shared: Arc<Shared>,
     codec: FrameCodec,
     read_buf: ReadBuffer,
-    /// Bytes being written to the transport, swapped with the shared queue when empty.
+    /// The batch being written: its control frames, written first…
+    control_buf: Vec<u8>,
+    control_done: usize,
+    /// …then its data, swapped with the core's data queue when the batch is taken.
     write_buf: OutQueue,
     written: Cursor,
-    /// `queued_total` at the end of `write_buf`.
-    write_mark: u64,
+    /// Where the batch lies in the core's queues, and how much of its data is written.
+    batch: Batch,
+    batch_data_done: u64,
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the queues' memory.
     large_batch_at: Option<Instant>,
@@ -65,14 +71,22 @@ pub struct Connection<T> {
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
-    /// Whether reading waits for queued refusals to drain.
+    /// Reading waits for the control queue to drain below its bound.
     read_paused: bool,
+    /// The transport's read side has ended (end-of-file or an error).
+    read_closed: bool,
+    /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
+    peer_closed: bool,
     keepalive_interval: Option<Duration>,
     idle_timeout: Option<Duration>,
+    write_stall_timeout: Option<Duration>,
     /// Built on the first poll, inside the runtime (a `Sleep` needs its time driver).
     keepalive: Option<Timer>,
     idle: Option<Timer>,
     timers_started: bool,
+    /// Armed while the transport takes none of the bytes waiting for it.
+    stall: Option<Pin<Box<Sleep>>>,
+    stall_armed: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
     close_timeout: Duration,
     /// A write to the transport failed: why, and until when the driver reads on.
@@ -85,12 +99,15 @@ pub struct Connection<T> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Reading and writing.
+    /// Reading, writing and timing.
     Active,
-    /// The session has ended: write out what is queued (CloseMux included), then close.
+    /// The session has ended: write out what is queued (CloseMux included).
     Flushing,
-    /// Everything is written: shutting the transport down.
+    /// Everything is written: shut the transport's writing down.
     ShuttingDown,
+    /// Read and discard until the peer closes too, so that no unread input makes the kernel
+    /// reset the connection under the peer's last reads.
+    Draining,
     /// The transport is closed or abandoned.
     Done,
 }
@@ -130,46 +147,62 @@ impl Timer {
     }
 }
 
+/// Transport errors that only say the peer has gone, once it has said it was closing.
+fn peer_gone(error: &Error) -> bool {
+    matches!(error, Error::Transport(e) if matches!(
+        e.kind(),
+        std::io::ErrorKind::NotConnected
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+    ))
+}
+
 impl<T> Connection<T>
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
     pub(crate) fn new(io: T, shared: Arc<Shared>) -> Connection<T> {
-        let (max_payload, keepalive, idle, close_timeout) = {
-            let inner = shared.lock();
-            let c = &inner.config;
-            crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
-            (
-                c.max_payload,
-                c.keepalive_interval,
-                c.idle_timeout,
-                c.close_timeout,
-            )
-        };
+        let inner = shared.lock();
+        let c = &inner.config;
+        crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
+        let (max_payload, keepalive, idle, stall, close_timeout) = (
+            c.max_payload,
+            c.keepalive_interval,
+            c.idle_timeout,
+            c.write_stall_timeout,
+            c.close_timeout,
+        );
         #[cfg(feature = "tracing")]
-        let span = {
-            let inner = shared.lock();
-            tracing::debug_span!("gomux", session = inner.id, role = ?inner.role)
-        };
+        let span = tracing::debug_span!("gomux", session = inner.id, role = ?inner.role);
+        drop(inner);
         let end_on_drop = EndOnDrop(Arc::clone(&shared));
         Connection {
             io,
             shared,
             codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
             read_buf: ReadBuffer::new(),
+            control_buf: Vec::new(),
+            control_done: 0,
             write_buf: OutQueue::new(),
             written: Cursor::default(),
-            write_mark: 0,
+            batch: Batch::default(),
+            batch_data_done: 0,
             large_batch_at: None,
             unflushed: false,
             phase: Phase::Active,
             wakers: Vec::new(),
             read_paused: false,
+            read_closed: false,
+            peer_closed: false,
             keepalive_interval: keepalive,
             idle_timeout: idle,
+            write_stall_timeout: stall,
             keepalive: None,
             idle: None,
             timers_started: false,
+            stall: None,
+            stall_armed: false,
             close_deadline: None,
             close_timeout,
             write_failed: None,
@@ -225,18 +258,36 @@ where
         self.wake_collected();
     }
 
-    /// Reads and applies frames until the transport has nothing more or the budget is spent.
-    /// Returns whether the budget ran out (the driver should yield and come back).
+    // -----------------------------------------------------------------------------------------
+    // Reading.
+
+    /// Applies the frames already buffered, then reads and applies more until the transport
+    /// has nothing, the budget is spent, or the control queue is over its bound. Returns whether
+    /// the budget ran out (the driver should yield and come back).
     fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
         let mut budget = READ_BUDGET;
         loop {
-            if self.read_paused {
-                self.read_paused = self.shared.lock().refusals_full();
-                if self.read_paused {
-                    // The peer opens streams faster than it reads our refusals: wait for the
-                    // writer to send them (it wakes us when the transport takes them).
-                    return false;
+            if !self.read_buf.is_empty() || self.read_paused {
+                match self.apply_frames() {
+                    Ok(true) => {
+                        // The peer sends faster than it reads our answers: wait for the
+                        // transport to take them (the writer wakes us when it does).
+                        self.read_paused = true;
+                        return false;
+                    }
+                    Ok(false) => self.read_paused = false,
+                    Err(error) => {
+                        // A peer that broke the protocol is told so, best effort; one that
+                        // sent CloseMux is closing already.
+                        let close_mux = matches!(error, Error::Protocol(_));
+                        self.peer_closed = matches!(error, Error::ClosedByPeer);
+                        self.end(error, close_mux);
+                        return false;
+                    }
                 }
+            }
+            if self.read_closed {
+                return false;
             }
             let missing = self.codec.payload_missing(self.read_buf.get_mut());
             let space = self.read_buf.prepare(missing);
@@ -247,6 +298,7 @@ where
                     return false;
                 }
                 Poll::Ready(Ok(0)) => {
+                    self.read_closed = true;
                     let error = if let Some((error, _)) = &self.write_failed {
                         error.clone()
                     } else if self.read_buf.is_empty() && !self.codec.in_frame() {
@@ -264,6 +316,7 @@ where
                     n
                 }
                 Poll::Ready(Err(e)) => {
+                    self.read_closed = true;
                     self.end(e.into(), false);
                     return false;
                 }
@@ -271,39 +324,36 @@ where
             if let Some(idle) = &mut self.idle {
                 idle.last = Instant::now();
             }
-            match self.apply_frames() {
-                Ok(refusals_full) => self.read_paused = refusals_full,
-                Err(error) => {
-                    // A peer that broke the protocol is told so, best effort; one that sent
-                    // CloseMux is closing already.
-                    let close_mux = matches!(error, Error::Protocol(_));
-                    self.end(error, close_mux);
-                    return false;
-                }
-            }
             budget = budget.saturating_sub(n);
             if budget == 0 {
+                // The next poll, right after other tasks had their turn, applies what was
+                // read and reads on.
                 return true;
             }
         }
     }
 
-    /// Decodes every whole frame in the read buffer and applies it, under one lock. Returns
-    /// whether refusals have piled up enough that reading should pause.
+    /// Decodes the whole frames in the read buffer and applies them, under one lock, until the
+    /// control queue is over its bound. Returns whether it is (reading must pause).
     fn apply_frames(&mut self) -> Result<bool, Error> {
+        let now = Instant::now();
+        let source = self.read_buf.source();
         let mut inner = self.shared.lock();
         let result = loop {
+            if inner.control_over_limit() {
+                break Ok(true);
+            }
             match self.codec.decode(self.read_buf.get_mut()) {
                 Ok(Some(frame)) => {
-                    if let Err(error) = inner.on_frame(frame, &mut self.wakers) {
+                    if let Err(error) = inner.on_frame(frame, source, now, &mut self.wakers) {
                         break Err(error);
                     }
                 }
-                Ok(None) => break Ok(inner.refusals_full()),
+                Ok(None) => break Ok(false),
                 Err(CodecError::Protocol(e)) => break Err(e.into()),
                 Err(CodecError::Io(e)) => break Err(e.into()),
                 // Only the encoder reports it.
-                Err(CodecError::InvalidFrame(_)) => break Ok(inner.refusals_full()),
+                Err(CodecError::InvalidFrame(_)) => break Ok(false),
             }
         };
         drop(inner);
@@ -311,22 +361,31 @@ where
         result
     }
 
-    /// Writes queued bytes until the transport would block or nothing is queued, then flushes.
-    /// `Ready(Ok)` means everything queued so far is written and flushed.
+    // -----------------------------------------------------------------------------------------
+    // Writing.
+
+    fn batch_written(&self) -> bool {
+        self.control_done == self.control_buf.len() && self.write_buf.is_written(&self.written)
+    }
+
+    /// Writes queued frames until the transport would block or nothing is queued, then flushes.
+    /// Each batch starts with every control frame queued so far, then the data queue. Progress
+    /// is reported to the core after every transport write. `Ready(Ok)` means everything
+    /// queued so far is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let mut took = false;
         loop {
-            if self.write_buf.is_written(&self.written) {
+            if self.batch_written() {
                 let mut inner = self.shared.lock();
-                inner.queue_pending_control();
-                if inner.out.is_empty() {
+                if !inner.has_output() {
                     // Room nobody has claimed: the tasks woken for it may have been cancelled.
                     // Pass it on (unless it was just handed out), and come back to check again
                     // until nobody waits, since nothing else may wake this task.
                     let waiting = if took {
-                        inner.space_waiting()
+                        inner.room_waiting()
                     } else {
-                        inner.wake_space(&mut self.wakers)
+                        inner.void_room_grants();
+                        inner.wake_room(&mut self.wakers)
                     };
                     if waiting {
                         cx.waker().wake_by_ref();
@@ -336,28 +395,45 @@ where
                         .is_some_and(|at| at.elapsed() >= QUEUE_LINGER)
                     {
                         self.large_batch_at = None;
-                        inner.out.release();
+                        inner.release_data_buffers();
                         self.write_buf.release();
                         self.written = Cursor::default();
+                        self.control_buf = Vec::new();
+                        self.control_done = 0;
                     }
                     drop(inner);
                     self.wake_collected();
                     break;
                 }
+                self.control_buf.clear();
+                self.control_done = 0;
                 self.write_buf.clear();
                 self.written = Cursor::default();
-                std::mem::swap(&mut inner.out, &mut self.write_buf);
-                self.write_mark = inner.queued_total;
-                inner.wake_space(&mut self.wakers);
+                self.batch_data_done = 0;
+                self.batch = inner.take_batch(
+                    Instant::now(),
+                    &mut self.control_buf,
+                    &mut self.write_buf,
+                    &mut self.wakers,
+                );
                 took = true;
                 drop(inner);
                 self.wake_collected();
+                continue;
             }
             let io = Pin::new(&mut self.io);
+            let control = &self.control_buf[self.control_done..];
             let result = if io.is_write_vectored() {
                 let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-                let count = self.write_buf.slices(&self.written, &mut slices);
+                let mut count = 0;
+                if !control.is_empty() {
+                    slices[0] = IoSlice::new(control);
+                    count = 1;
+                }
+                count += self.write_buf.slices(&self.written, &mut slices[count..]);
                 io.poll_write_vectored(cx, &slices[..count])
+            } else if !control.is_empty() {
+                io.poll_write(cx, control)
             } else {
                 io.poll_write(cx, self.write_buf.next_slice(&self.written))
             };
@@ -367,35 +443,83 @@ where
                         std::io::Error::from(std::io::ErrorKind::WriteZero).into()
                     ))
                 }
-                Poll::Ready(Ok(n)) => {
-                    self.write_buf.advance(&mut self.written, n);
-                    self.unflushed = true;
-                    if self.write_buf.len() > QUEUE_KEEP && self.write_buf.is_written(&self.written)
-                    {
-                        self.large_batch_at = Some(Instant::now());
-                    }
-                    if let Some(keepalive) = &mut self.keepalive {
-                        keepalive.last = Instant::now();
-                    }
-                }
+                Poll::Ready(Ok(n)) => self.advance(n),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    self.arm_stall(cx);
+                    return Poll::Pending;
+                }
             }
         }
+        self.stall_armed = false;
         if self.unflushed {
             match Pin::new(&mut self.io).poll_flush(cx) {
-                Poll::Ready(Ok(())) => {
-                    self.unflushed = false;
-                    let mut inner = self.shared.lock();
-                    inner.written(self.write_mark, &mut self.wakers);
-                    drop(inner);
-                    self.wake_collected();
-                }
+                Poll::Ready(Ok(())) => self.unflushed = false,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    self.arm_stall(cx);
+                    return Poll::Pending;
+                }
             }
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Moves past `n` bytes the transport took, and tells the core.
+    fn advance(&mut self, n: usize) {
+        let control = n.min(self.control_buf.len() - self.control_done);
+        self.control_done += control;
+        let data = n - control;
+        self.write_buf.advance(&mut self.written, data);
+        self.batch_data_done += data as u64;
+        self.unflushed = true;
+        self.stall_armed = false;
+        let now = Instant::now();
+        if let Some(keepalive) = &mut self.keepalive {
+            keepalive.last = now;
+        }
+        if self.write_buf.len() > QUEUE_KEEP && self.write_buf.is_written(&self.written) {
+            self.large_batch_at = Some(now);
+        }
+        let control_pos = if self.control_done == self.control_buf.len() {
+            self.batch.control_end
+        } else {
+            0
+        };
+        let data_pos = self.batch.data_start + self.batch_data_done;
+        let mut inner = self.shared.lock();
+        inner.written(data_pos, control_pos, n as u64, &mut self.wakers);
+        drop(inner);
+        self.wake_collected();
+    }
+
+    /// The transport takes nothing of what waits for it: start the write-stall clock, unless
+    /// it runs already.
+    fn arm_stall(&mut self, cx: &mut Context<'_>) {
+        let Some(timeout) = self.write_stall_timeout else {
+            return;
+        };
+        if self.stall_armed {
+            return;
+        }
+        self.stall_armed = true;
+        let deadline = Instant::now() + timeout;
+        match &mut self.stall {
+            Some(sleep) => sleep.as_mut().reset(deadline),
+            None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        if let Some(sleep) = &mut self.stall {
+            let _ = sleep.as_mut().poll(cx);
+        }
+    }
+
+    /// Whether the transport took nothing for the whole write-stall timeout.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        self.stall_armed
+            && self
+                .stall
+                .as_mut()
+                .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
     }
 
     fn poll_timers(&mut self, cx: &mut Context<'_>) {
@@ -408,26 +532,29 @@ where
             self.end(Error::IdleTimeout, true);
         }
         if self.keepalive.as_mut().is_some_and(|t| t.poll_expired(cx)) {
+            self.shared.lock().queue_keepalive();
+        }
+        if self.poll_stalled(cx) {
+            self.stall_armed = false;
+            let error = Error::WriteStalled;
+            self.write_failed = Some((error.clone(), Box::pin(tokio::time::sleep(Duration::ZERO))));
             let mut inner = self.shared.lock();
-            inner.queue_header(Header::new(0, Kind::Keepalive));
-            inner.stats.keepalives_sent += 1;
+            inner.transport_write_failed(error.clone(), &mut self.wakers);
+            inner.end(error, false, &mut self.wakers);
+            drop(inner);
+            self.wake_collected();
         }
     }
+
+    // -----------------------------------------------------------------------------------------
+    // Closing.
 
     /// Moves to closing when the session ended or nobody uses it any more.
     fn check_end(&mut self) {
         let mut inner = self.shared.lock();
-        if inner.session_handles == 0 {
-            inner.drop_accept_queue();
-        }
-        if inner.end.is_none() && inner.abandoned() {
-            inner.close(&mut self.wakers);
-        }
-        if inner.end.is_some() {
-            if inner.send_close_mux {
-                inner.send_close_mux = false;
-                inner.queue_header(Header::new(0, Kind::CloseMux));
-            }
+        inner.check_abandoned(&mut self.wakers);
+        if inner.end_reason().is_some() {
+            inner.queue_final_frames();
             self.phase = Phase::Flushing;
         }
         drop(inner);
@@ -437,30 +564,30 @@ where
     fn finish(&mut self, close_error: Option<Error>) {
         self.phase = Phase::Done;
         let mut inner = self.shared.lock();
-        if inner.close_error.is_none() {
-            inner.close_error = close_error;
-        }
-        inner.finish(&mut self.wakers);
+        inner.finish(close_error, &mut self.wakers);
         drop(inner);
         self.wake_collected();
     }
 
+    /// Flushing, shutting down and draining, within the close timeout.
     fn poll_closing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self
             .close_deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.close_timeout)));
         if deadline.as_mut().poll(cx).is_ready() {
-            let error = Error::Transport(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the transport did not accept the final writes within the close timeout",
-            )));
-            self.finish(Some(error));
+            let error = (self.phase != Phase::Draining).then(|| {
+                Error::Transport(Arc::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the transport did not accept the final writes within the close timeout",
+                )))
+            });
+            self.finish(error);
             return Poll::Ready(());
         }
         if self.phase == Phase::Flushing {
             let transport_dead = self.write_failed.is_some()
                 || matches!(
-                    self.shared.lock().end,
+                    self.shared.lock().end_reason(),
                     Some(Error::Transport(_) | Error::UnexpectedEof)
                 );
             if transport_dead {
@@ -471,6 +598,11 @@ where
             }
             match self.poll_write_out(cx) {
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) if self.peer_closed && peer_gone(&e) => {
+                    // The peer closed the session and is gone: nothing of ours was owed to it.
+                    self.finish(None);
+                    return Poll::Ready(());
+                }
                 Poll::Ready(Err(e)) => {
                     self.finish(Some(e));
                     return Poll::Ready(());
@@ -478,22 +610,62 @@ where
                 Poll::Ready(Ok(())) => self.phase = Phase::ShuttingDown,
             }
         }
-        match Pin::new(&mut self.io).poll_shutdown(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(result) => {
-                // A peer that closed first makes shutdown fail; the session is over either way.
-                let error = result.err().filter(|e| {
-                    !matches!(
-                        e.kind(),
-                        std::io::ErrorKind::NotConnected
-                            | std::io::ErrorKind::BrokenPipe
-                            | std::io::ErrorKind::ConnectionReset
-                    )
-                });
-                self.finish(error.map(Error::from));
-                Poll::Ready(())
+        if self.phase == Phase::ShuttingDown {
+            match Pin::new(&mut self.io).poll_shutdown(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(result) => {
+                    // A peer that closed first makes shutdown fail; the session is over either
+                    // way.
+                    let error = result.err().map(Error::from).filter(|e| !peer_gone(e));
+                    // Only a close this side started leaves the peer something to say (its
+                    // answer to our CloseMux); after its own CloseMux, or a broken protocol,
+                    // nothing more of its input is owed anything.
+                    let ours =
+                        matches!(self.shared.lock().end_reason(), Some(Error::ClosedLocally));
+                    if error.is_some() || !ours {
+                        self.finish(error);
+                        return Poll::Ready(());
+                    }
+                    self.phase = Phase::Draining;
+                }
             }
         }
+        // Draining: the peer may still be writing (data, or its own CloseMux). Closing a socket
+        // with unread input makes the kernel send a reset, which the peer would see instead of
+        // our CloseMux; so read until it closes too. (Both ends of this crate closing at once
+        // once saw `ConnectionReset` or `BrokenPipe`: `tests/core_findings_b.rs`,
+        // `closing_a_busy_session_*`, `both_ends_closing_at_once_*`.)
+        // It stops at the peer's CloseMux too, leaving what follows in the transport (for
+        // `into_inner`).
+        while !self.read_closed {
+            loop {
+                match self.codec.decode(self.read_buf.get_mut()) {
+                    Ok(Some(frame)) if frame.header.kind == Kind::CloseMux => {
+                        self.read_closed = true;
+                        break;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(_) => {
+                        self.read_closed = true;
+                        break;
+                    }
+                }
+            }
+            if self.read_closed {
+                break;
+            }
+            let missing = self.codec.payload_missing(self.read_buf.get_mut());
+            self.read_buf.prepare(missing);
+            let read_buf = self.read_buf.get_mut();
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0) | Err(_)) => self.read_closed = true,
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
+        self.finish(None);
+        Poll::Ready(())
     }
 }
 
@@ -503,16 +675,21 @@ where
 {
     type Output = Result<(), Error>;
 
+    /// | phase | does | until |
+    /// |---|---|---|
+    /// | `Active` | reads and applies frames, writes batches, runs timers | the session ends |
+    /// | `Flushing` | writes what is queued, CloseMux included | all written (or the close timeout) |
+    /// | `ShuttingDown` | shuts the transport's writing down | done |
+    /// | `Draining` | reads and discards | the peer closes (or the close timeout) |
+    /// | `Done` | resolves with the session's outcome | |
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let this = &mut *self;
         #[cfg(feature = "tracing")]
         let _span = this.span.clone().entered();
-        // States: Active (read, write, time) until the session ends; then Flushing (write what
-        // is queued, CloseMux included), ShuttingDown (close the transport), Done.
         loop {
             match this.phase {
                 Phase::Done => return Poll::Ready(this.shared.lock().outcome()),
-                Phase::Flushing | Phase::ShuttingDown => {
+                Phase::Flushing | Phase::ShuttingDown | Phase::Draining => {
                     if this.poll_closing(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -561,21 +738,14 @@ where
             // Sleep until a handle queues output (it takes this waker) or the transport or a
             // timer wakes us. Checked and registered under one lock, so no output is missed.
             let mut inner = this.shared.lock();
-            let write_buf_empty = this.write_buf.is_written(&this.written);
-            let can_write = this.write_failed.is_none();
-            if can_write && write_buf_empty && inner.has_output()
+            let can_take = this.write_failed.is_none() && this.batch_written();
+            if can_take && inner.has_output()
                 || inner.abandoned()
-                || this.read_paused && !inner.refusals_full()
+                || this.read_paused && !inner.control_over_limit()
             {
                 continue;
             }
-            if !inner
-                .driver_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                inner.driver_waker = Some(cx.waker().clone());
-            }
+            inner.set_driver_waker(cx.waker());
             return Poll::Pending;
         }
     }
@@ -590,11 +760,11 @@ impl Drop for EndOnDrop {
     fn drop(&mut self) {
         let mut wakers = Vec::new();
         let mut inner = self.0.lock();
-        if inner.finished {
+        if inner.is_finished() {
             return;
         }
         inner.end(Error::ClosedLocally, false, &mut wakers);
-        inner.finish(&mut wakers);
+        inner.finish(None, &mut wakers);
         drop(inner);
         for waker in wakers {
             waker.wake();
@@ -632,7 +802,7 @@ mod tests {
             _ = &mut connection => panic!("the session ended"),
         };
         let held = |connection: &Connection<_>| {
-            connection.write_buf.capacity() + connection.shared.lock().out.capacity()
+            connection.write_buf.capacity() + connection.shared.lock().data_capacity()
         };
         // The driver writes out what is queued, and runs again as the timeout expires.
         let _ = tokio::time::timeout(super::QUEUE_LINGER / 2, &mut connection).await;

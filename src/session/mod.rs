@@ -1,23 +1,20 @@
 //! [`Session`]: the handle to one multiplexed connection, and the driver behind it.
 
+pub(crate) mod core;
 mod driver;
 mod out_queue;
 mod read_buf;
-mod slab;
-pub(crate) mod state;
-mod wait_list;
 
 use std::fmt;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use self::core::{Inner, Shared};
 pub use self::driver::Connection;
-use self::state::{Inner, Shared};
-use self::wait_list::WaitList;
 use crate::config::{Config, Role};
 use crate::error::Error;
 use crate::stats::Stats;
@@ -117,7 +114,7 @@ impl Session {
     where
         T: AsyncRead + AsyncWrite + Unpin,
     {
-        let shared = Arc::new(Shared::new(role, config));
+        let shared = Arc::new(Shared::new(role, config, tokio::time::Instant::now()));
         let connection = Connection::new(io, Arc::clone(&shared));
         (Session { shared }, connection)
     }
@@ -132,8 +129,12 @@ impl Session {
     /// [`Error::TooManyStreams`] when `max_streams` streams are live (only this open fails), or
     /// the error that ended the session.
     pub async fn open(&self) -> Result<Stream, Error> {
-        let (key, id) =
-            poll_fn(|cx| self.shared.with_driver(|inner| inner.poll_open(cx.waker()))).await?;
+        let mut waiting = Waiting::new(&self.shared, Inner::opener_gone);
+        let (key, id) = poll_fn(|cx| {
+            self.shared
+                .with_driver(|inner, _| inner.poll_open(cx.waker(), &mut waiting.slot))
+        })
+        .await?;
         Ok(Stream::new(Arc::clone(&self.shared), key, id))
     }
 
@@ -145,7 +146,7 @@ impl Session {
     ///
     /// The error that ended the session, once no queued stream is left.
     pub async fn accept(&self) -> Result<Stream, Error> {
-        let mut waiting = Waiting::new(&self.shared, accept_waiters);
+        let mut waiting = Waiting::new(&self.shared, Inner::accept_waiter_gone);
         poll_fn(|cx| self.poll_accept(cx, &mut waiting.slot)).await
     }
 
@@ -178,14 +179,7 @@ impl Session {
     /// When the session had already ended with an error, that error; when the transport failed
     /// (or did not take the final writes within the close timeout), the transport error.
     pub async fn close(&self) -> Result<(), Error> {
-        self.shared
-            .with_driver(|inner| {
-                let mut wakers = Vec::new();
-                inner.close(&mut wakers);
-                wakers
-            })
-            .into_iter()
-            .for_each(Waker::wake);
+        self.shared.with_driver(|inner, wakers| inner.close(wakers));
         self.finished().await;
         self.shared.lock().outcome()
     }
@@ -197,14 +191,14 @@ impl Session {
         self.finished().await;
         self.shared
             .lock()
-            .end
-            .clone()
+            .end_reason()
+            .cloned()
             .unwrap_or(Error::ClosedLocally)
     }
 
     /// Waits until the driver has finished.
     async fn finished(&self) {
-        let mut waiting = Waiting::new(&self.shared, close_waiters);
+        let mut waiting = Waiting::new(&self.shared, Inner::close_waiter_gone);
         poll_fn(|cx| {
             if self
                 .shared
@@ -221,12 +215,12 @@ impl Session {
 
     /// Why the session ended, or `None` while it is running.
     pub fn close_reason(&self) -> Option<Error> {
-        self.shared.lock().end.clone()
+        self.shared.lock().end_reason().cloned()
     }
 
     /// Whether the session has ended (its driver may still be closing the transport).
     pub fn is_closed(&self) -> bool {
-        self.shared.lock().end.is_some()
+        self.shared.lock().end_reason().is_some()
     }
 
     /// This side's role.
@@ -248,7 +242,7 @@ impl Session {
 
 impl Clone for Session {
     fn clone(&self) -> Session {
-        self.shared.lock().session_handles += 1;
+        self.shared.lock().add_session_handle();
         Session {
             shared: Arc::clone(&self.shared),
         }
@@ -257,7 +251,8 @@ impl Clone for Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.shared.with_driver(|inner| inner.session_handles -= 1);
+        self.shared
+            .with_driver(|inner, _| inner.drop_session_handle());
     }
 }
 
@@ -268,32 +263,25 @@ impl fmt::Debug for Session {
             .field("id", &inner.id)
             .field("role", &inner.role)
             .field("streams", &inner.stream_count())
-            .field("end", &inner.end)
+            .field("end", &inner.end_reason())
             .finish()
     }
-}
-
-fn accept_waiters(inner: &mut Inner) -> &mut WaitList {
-    &mut inner.accept_waiters
-}
-
-fn close_waiters(inner: &mut Inner) -> &mut WaitList {
-    &mut inner.close_waiters
 }
 
 /// A future's slot in one of the session's wait lists, given back when the future is dropped,
 /// whether it finished or not.
 struct Waiting<'a> {
     shared: &'a Shared,
-    list: fn(&mut Inner) -> &mut WaitList,
+    /// Gives the slot back.
+    leave: fn(&mut Inner, &mut Option<usize>),
     slot: Option<usize>,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(shared: &'a Shared, list: fn(&mut Inner) -> &mut WaitList) -> Waiting<'a> {
+    fn new(shared: &'a Shared, leave: fn(&mut Inner, &mut Option<usize>)) -> Waiting<'a> {
         Waiting {
             shared,
-            list,
+            leave,
             slot: None,
         }
     }
@@ -302,7 +290,7 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if self.slot.is_some() {
-            (self.list)(&mut self.shared.lock()).remove(&mut self.slot);
+            (self.leave)(&mut self.shared.lock(), &mut self.slot);
         }
     }
 }
@@ -322,8 +310,7 @@ impl Drop for Incoming {
             self.session
                 .shared
                 .lock()
-                .accept_waiters
-                .remove(&mut self.slot);
+                .accept_waiter_gone(&mut self.slot);
         }
     }
 }
@@ -387,8 +374,6 @@ mod tests {
             let mut incoming = session.incoming();
             assert!(futures::Stream::poll_next(pin!(&mut incoming), &mut cx).is_pending());
         }
-        let inner = session.shared.lock();
-        assert_eq!(inner.accept_waiters.len(), 0);
-        assert_eq!(inner.close_waiters.len(), 0);
+        assert_eq!(session.shared.lock().session_waiters(), (0, 0));
     }
 }

@@ -12,6 +12,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::time::Instant;
 
+use super::core::recv_buf::Source;
+
 /// Reads go into buffers of up to this size, so one read can take several full frames. A
 /// session starts with `MIN_SPACE` and grows to this only while reads fill the buffer, so idle
 /// sessions stay small.
@@ -35,6 +37,8 @@ pub(crate) struct ReadBuffer {
     size: usize,
     /// When the driver last moved to another buffer.
     last_switch: Option<Instant>,
+    /// The current buffer's number and size, for the core's account of pinned buffers.
+    source: Source,
 }
 
 impl ReadBuffer {
@@ -44,6 +48,10 @@ impl ReadBuffer {
             spares: Vec::new(),
             size: MIN_SPACE,
             last_switch: None,
+            source: Source {
+                generation: 0,
+                capacity: MIN_SPACE,
+            },
         }
     }
 
@@ -54,6 +62,11 @@ impl ReadBuffer {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty()
+    }
+
+    /// The buffer that payloads decoded now are slices of.
+    pub(crate) fn source(&self) -> Source {
+        self.source
     }
 
     /// Makes room for the next read, and for the `missing` rest of a partial frame so that
@@ -98,6 +111,10 @@ impl ReadBuffer {
             Some(index) => self.spares.swap_remove(index),
             // Sized for the largest partial frame, so that any spare can serve any switch.
             None => BytesMut::with_capacity(need.max(self.size + PARTIAL_MAX)),
+        };
+        self.source = Source {
+            generation: self.source.generation.wrapping_add(1),
+            capacity: next.capacity(),
         };
         next.extend_from_slice(&self.buf);
         self.last_switch = Some(Instant::now());

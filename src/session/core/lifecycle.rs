@@ -1,0 +1,185 @@
+//! How a session ends, and what its handles learn of it.
+//!
+//! A session is *live* until it *ends* (a local or peer close, a protocol error, a transport
+//! failure, a timeout): from then on every stream operation fails with the reason, though data
+//! already received stays readable. The driver then writes out what is queued and closes the
+//! transport; once it has, the session is *finished*. Before it ends, a transport that refused
+//! a write makes writes, opens and flushes fail at once, while the driver reads on for a while.
+
+use std::task::Waker;
+
+use super::wait_list::WaitList;
+use super::Inner;
+use crate::error::Error;
+use crate::trace::event;
+
+pub(super) struct Lifecycle {
+    /// Why the session ended, once it has. Stream operations fail with it from then on.
+    end: Option<Error>,
+    /// Whether the driver should send CloseMux before closing the transport.
+    send_close_mux: bool,
+    /// The driver has finished: the transport is closed or abandoned.
+    finished: bool,
+    /// A transport error met while closing, reported by `Session::close`.
+    close_error: Option<Error>,
+    /// The transport refused a write, so nothing queued will be sent.
+    write_failed: Option<Error>,
+    /// Tasks waiting for the driver to finish.
+    close_waiters: WaitList,
+    /// Live `Session` handles. When none is left, inbound streams are refused and the session
+    /// closes itself once its last stream is gone.
+    pub(super) session_handles: usize,
+}
+
+impl Lifecycle {
+    pub(super) fn new() -> Lifecycle {
+        Lifecycle {
+            end: None,
+            send_close_mux: false,
+            finished: false,
+            close_error: None,
+            write_failed: None,
+            close_waiters: WaitList::new(),
+            session_handles: 1,
+        }
+    }
+
+    pub(super) fn end_reason(&self) -> Option<&Error> {
+        self.end.as_ref()
+    }
+
+    pub(super) fn ended(&self) -> bool {
+        self.end.is_some()
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        self.finished
+    }
+
+    pub(super) fn write_failed(&self) -> Option<&Error> {
+        self.write_failed.as_ref()
+    }
+
+    /// The error a new operation fails with: the session's end, or a refused transport write.
+    pub(super) fn unusable(&self) -> Option<&Error> {
+        self.end.as_ref().or(self.write_failed.as_ref())
+    }
+}
+
+impl Inner {
+    /// Why the session ended, if it has.
+    pub(crate) fn end_reason(&self) -> Option<&Error> {
+        self.life.end.as_ref()
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.life.finished
+    }
+
+    /// Ends the session with `error` (the first reason wins) and wakes everything waiting, so
+    /// that each operation sees the end.
+    pub(crate) fn end(&mut self, error: Error, send_close_mux: bool, wakers: &mut Vec<Waker>) {
+        if self.life.end.is_some() {
+            return;
+        }
+        event!(debug, session = self.id, error = %error, "session ended");
+        self.life.end = Some(error);
+        self.life.send_close_mux = send_close_mux;
+        self.wake_all_outgoing(wakers);
+        self.accept_waiters.wake_all(wakers);
+        wakers.extend(self.driver_waker.take());
+    }
+
+    /// Starts a graceful close from this side.
+    pub(crate) fn close(&mut self, wakers: &mut Vec<Waker>) {
+        self.end(crate::Error::ClosedLocally, true, wakers);
+    }
+
+    /// Once the session has ended: queues its CloseMux if it is to send one, once.
+    pub(crate) fn queue_final_frames(&mut self) {
+        if std::mem::take(&mut self.life.send_close_mux) {
+            self.queue_close_mux();
+        }
+    }
+
+    /// How the session went, once the driver is done: `Ok` after a graceful close by either side
+    /// whose final writes and shutdown succeeded, otherwise the error.
+    pub(crate) fn outcome(&self) -> Result<(), Error> {
+        if let Some(error) = &self.life.close_error {
+            return Err(error.clone());
+        }
+        match &self.life.end {
+            None | Some(Error::ClosedLocally | Error::ClosedByPeer) => Ok(()),
+            Some(error) => Err(error.clone()),
+        }
+    }
+
+    /// Records that the transport refused a write: everything waiting to write or for its
+    /// bytes to be written is woken to fail.
+    pub(crate) fn transport_write_failed(&mut self, error: Error, wakers: &mut Vec<Waker>) {
+        if self.life.write_failed.is_some() {
+            return;
+        }
+        self.life.write_failed = Some(error);
+        self.wake_all_outgoing(wakers);
+    }
+
+    /// Marks the driver finished (with the transport error met while closing, if any) and
+    /// wakes those waiting for it.
+    pub(crate) fn finish(&mut self, close_error: Option<Error>, wakers: &mut Vec<Waker>) {
+        if self.life.close_error.is_none() {
+            self.life.close_error = close_error;
+        }
+        self.life.finished = true;
+        self.life.close_waiters.wake_all(wakers);
+        // Nothing will be written any more: flushes still waiting learn it now.
+        self.wake_all_outgoing(wakers);
+    }
+
+    /// Registers a task to wake when the driver finishes; true once it has.
+    pub(crate) fn poll_finished(&mut self, waker: &Waker, slot: &mut Option<usize>) -> bool {
+        if self.life.finished {
+            return true;
+        }
+        self.life.close_waiters.register(slot, waker);
+        false
+    }
+
+    /// A `closed()` future is gone.
+    pub(crate) fn close_waiter_gone(&mut self, slot: &mut Option<usize>) {
+        self.life.close_waiters.remove(slot);
+    }
+
+    pub(crate) fn add_session_handle(&mut self) {
+        self.life.session_handles += 1;
+    }
+
+    pub(crate) fn drop_session_handle(&mut self) {
+        self.life.session_handles -= 1;
+    }
+
+    /// Moves the session towards its end when nobody uses it any more: inbound streams nobody
+    /// can accept are dropped, and a session without handles or streams closes itself.
+    pub(crate) fn check_abandoned(&mut self, wakers: &mut Vec<Waker>) {
+        if self.life.session_handles > 0 {
+            return;
+        }
+        while let Some(key) = self.accept_queue.pop_front() {
+            self.release(key, true, true);
+        }
+        if self.life.end.is_none() && self.streams.len() == 0 {
+            self.close(wakers);
+        }
+    }
+
+    /// Whether nobody uses the session any more, so the driver should look at closing it.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.life.session_handles == 0 && self.streams.len() == 0
+    }
+
+    /// Waiters in the lists of `accept` and `closed`, for tests.
+    #[cfg(test)]
+    pub(crate) fn session_waiters(&self) -> (usize, usize) {
+        (self.accept_waiters.len(), self.life.close_waiters.len())
+    }
+}

@@ -1,0 +1,189 @@
+//! The session's core: the state its driver and its handles share, and everything that
+//! changes it. Nothing here does I/O, reads a clock or waits: the driver feeds received frames
+//! in and takes outgoing bytes out, handles read, write and close through it, and both pass in
+//! the time where it matters.
+//!
+//! One file per idea, as h2's `proto/streams` splits them:
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `stream_state.rs` | one stream: its send and receive states, credit, waiters |
+//! | `recv_buf.rs` | a stream's received data, and the read buffers it pins |
+//! | `recv.rs` | received frames, reads, credit returned, window growth |
+//! | `send.rs` | opens, writes, closes, flushes, handles going away |
+//! | `outgoing.rs` | the data queue, the control queue, and who waits for them |
+//! | `lifecycle.rs` | how a session ends, and what its handles learn of it |
+//!
+//! One mutex guards it all, and it is never held across an `.await` or a transport call.
+
+mod lifecycle;
+mod outgoing;
+mod recv;
+pub(crate) mod recv_buf;
+mod send;
+mod slab;
+mod stream_state;
+mod wait_list;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+
+use bytes::BytesMut;
+use tokio::time::Instant;
+
+use self::lifecycle::Lifecycle;
+pub(crate) use self::outgoing::Batch;
+use self::outgoing::Outgoing;
+use self::recv_buf::{PinLedger, TAIL_POOL};
+use self::slab::Slab;
+use self::stream_state::StreamState;
+pub(crate) use self::wait_list::WaitList;
+use crate::config::{Config, Role};
+use crate::stats::Stats;
+use crate::trace::next_session_id;
+
+/// The mutex-guarded session state, see the module docs.
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+}
+
+impl Shared {
+    pub(crate) fn new(role: Role, config: Config, now: Instant) -> Shared {
+        Shared {
+            inner: Mutex::new(Inner::new(role, config, now)),
+        }
+    }
+
+    /// Locks the state. A panic elsewhere while it was held cannot leave it half-updated in a
+    /// way that matters more than stopping would, so poisoning is ignored rather than spread.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs a handle operation on the state, then wakes the tasks it collected and the driver
+    /// (if the operation left it something to do), after unlocking.
+    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Inner, &mut Vec<Waker>) -> R) -> R {
+        let mut wakers = Vec::new();
+        let mut inner = self.lock();
+        let result = f(&mut inner, &mut wakers);
+        let driver = if inner.driver_needed() {
+            inner.driver_waker.take()
+        } else {
+            None
+        };
+        drop(inner);
+        wakers.into_iter().for_each(Waker::wake);
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+        result
+    }
+}
+
+pub(crate) struct Inner {
+    /// The session's number in log lines.
+    pub(crate) id: u64,
+    pub(crate) role: Role,
+    pub(crate) config: Config,
+    streams: Slab<StreamState>,
+    /// Wire id → slab key, for every stream that has state.
+    ids: HashMap<u32, usize>,
+    next_id: u32,
+    /// Inbound streams waiting for `accept`, and the tasks waiting there.
+    accept_queue: VecDeque<usize>,
+    accept_waiters: WaitList,
+    out: Outgoing,
+    life: Lifecycle,
+    /// The driver's waker, taken by whoever gives it something to do.
+    driver_waker: Option<Waker>,
+    /// The session's clock for window tuning, see [`crate::flow::Tuner`].
+    clock: Instant,
+    /// The smallest round trip measured, in microseconds.
+    min_rtt: Option<u64>,
+    /// Counters for `Session::stats`; `buffered` is also what the pinned-memory bound and the
+    /// memory tests read.
+    stats: Stats,
+    /// Drained stream buffers for reuse, at most [`TAIL_POOL`].
+    tail_pool: Vec<BytesMut>,
+    /// The read buffers that buffered data keeps alive.
+    pins: PinLedger,
+    /// What streams may still add to their windows, see `Config::receive_window_budget`.
+    window_budget: u64,
+}
+
+impl Inner {
+    fn new(role: Role, config: Config, now: Instant) -> Inner {
+        Inner {
+            id: next_session_id(),
+            role,
+            streams: Slab::new(),
+            ids: HashMap::new(),
+            next_id: role.first_id(),
+            accept_queue: VecDeque::new(),
+            accept_waiters: WaitList::new(),
+            out: Outgoing::new(),
+            life: Lifecycle::new(),
+            driver_waker: None,
+            clock: now,
+            min_rtt: None,
+            stats: Stats::default(),
+            // Its full size at once: a few hundred bytes, and no allocation when it fills.
+            tail_pool: Vec::with_capacity(TAIL_POOL),
+            pins: PinLedger::default(),
+            window_budget: config.receive_window_budget,
+            config,
+        }
+    }
+
+    /// Streams with state: open, or closed by one side while a handle remains.
+    pub(crate) fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// A snapshot of the counters.
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
+            live_streams: self.streams.len(),
+            bytes_sent: self.out.bytes_written(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Bytes of read buffers kept alive by unread data, for tests.
+    #[cfg(test)]
+    pub(crate) fn pinned(&self) -> usize {
+        self.pins.pinned()
+    }
+
+    /// Counts `n` bytes newly buffered (positive) or taken from the buffers (negative).
+    fn count_buffered(&mut self, n: i64) {
+        let stats = &mut self.stats;
+        stats.buffered = stats.buffered.saturating_add_signed(n);
+        stats.peak_buffered = stats.peak_buffered.max(stats.buffered);
+    }
+
+    /// Microseconds from the session's start to `now`, at least 1 (0 means "not set" to a
+    /// [`crate::flow::Tuner`]).
+    fn micros(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.clock).as_micros() as u64 + 1
+    }
+
+    /// Registers the driver's waker, unless it is the one already stored.
+    pub(crate) fn set_driver_waker(&mut self, waker: &Waker) {
+        stream_state::register(&mut self.driver_waker, waker);
+    }
+
+    /// Whether the driver has to be woken after a handle operation: output is waiting, the
+    /// session ended, or the last `Session` handle went away (queued inbound streams are to be
+    /// dropped, and the session closes itself once no stream is left).
+    fn driver_needed(&self) -> bool {
+        self.out.has_output()
+            || self.life.ended()
+            || self.life.session_handles == 0
+                && (self.streams.len() == 0 || !self.accept_queue.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,564 @@
+//! What a session sends and in which order: the data queue, the control queue, and the tasks
+//! waiting for room in the one or for their bytes to be written.
+//!
+//! - The **data queue** holds opens, Data frames and the closes that must follow a stream's
+//!   data, in the order they were queued. Writers and openers wait while it holds
+//!   `write_buffer_size` bytes or more, oldest first (see [`Inner::wake_room`]).
+//! - The **control queue** holds everything that is not ordered with data: credit owed
+//!   (WindowUpdate, at most one entry per stream, its amount taken when it is written),
+//!   refusals, CloseWrite, closes of streams with nothing in the data queue, keepalives. The
+//!   driver writes all of it ahead of the data at the start of every batch, as h2 writes its
+//!   pending WINDOW_UPDATEs before any data, so that a side busy sending never stops returning
+//!   credit for what it receives. (Queued only while the data queue had room, credit once
+//!   starved every inbound stream for as long as an upload ran:
+//!   `tests/core_findings_a.rs`, `credit_flows_back_*`.)
+//! - The control queue is bounded by stopping to read: while it holds more than
+//!   [`Inner::control_limit`] entries, the driver reads nothing (a peer that never reads our
+//!   answers cannot grow it), as h2 and yamux do.
+//! - Every waiting future holds at most one entry in a wait queue, and a re-poll replaces its
+//!   waker instead of adding one. (A writer re-polled by every WindowUpdate(0) once added a
+//!   waker each time: `tests/core_findings_a.rs`, `*_do_not_pile_up_its_waker`, `*_leave_no_registrations_behind`.)
+//! - Progress is reported after every transport write, not only once the queue is empty, so a
+//!   `Stream::close` beside a busy stream returns as soon as its own bytes are written.
+
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use tokio::time::Instant;
+
+use super::slab::Slab;
+use super::stream_state::{register, WriteWait};
+use super::Inner;
+use crate::frame::{Header, Kind, HEADER_LEN};
+use crate::session::out_queue::OutQueue;
+
+/// An entry of the control queue.
+pub(super) enum Control {
+    /// Credit owed to the peer on a stream; the amount is taken when the driver writes it.
+    Credit { key: usize, id: u32 },
+    /// A frame without payload: a refusal, a close, a keepalive.
+    Frame(Header),
+}
+
+/// A task waiting for room in the data queue.
+enum RoomWaiter {
+    /// A stream's writer, for `want` bytes.
+    Stream { key: usize, id: u32, want: usize },
+    /// An `open`, by its slot in `Outgoing::openers`.
+    Open { slot: usize },
+}
+
+/// A task waiting until the driver has written everything queued when it started waiting.
+struct FlushWaiter {
+    data: u64,
+    control: u64,
+    key: usize,
+    id: u32,
+}
+
+/// An `open` future waiting for room.
+struct Opener {
+    waker: Option<Waker>,
+    queued: bool,
+    /// Room reserved for it by [`Inner::wake_room`], in that grant epoch.
+    granted: Option<u64>,
+}
+
+/// Where the parts of one batch the driver took lie in their queues.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Batch {
+    /// Data-queue position of the batch's first data byte.
+    pub(crate) data_start: u64,
+    /// Control-queue position after the batch's control frames.
+    pub(crate) control_end: u64,
+}
+
+pub(super) struct Outgoing {
+    data: OutQueue,
+    /// Data-queue positions (bytes ever queued) of `data`'s end, and how far the transport
+    /// has taken.
+    data_end: u64,
+    data_written: u64,
+    control: VecDeque<Control>,
+    /// Control-queue positions (entries ever queued): queued, and written.
+    control_pushed: u64,
+    control_written: u64,
+    room: VecDeque<RoomWaiter>,
+    /// Room promised to the waiters woken for it and not used yet: nobody else may take it,
+    /// or a writer that never waited would take it from them every time (a bulk writer kept
+    /// every other stream out: `tests/core_findings_a.rs`, `*_gets_its_turn`).
+    reserved: usize,
+    /// Grants of earlier epochs are void; the epoch moves on when the driver finds room
+    /// unclaimed (the woken tasks may have been cancelled).
+    grant_epoch: u64,
+    openers: Slab<Opener>,
+    flush: VecDeque<FlushWaiter>,
+    /// Bytes the transport has taken, for `Stats::bytes_sent`.
+    bytes_written: u64,
+}
+
+impl Outgoing {
+    pub(super) fn new() -> Outgoing {
+        Outgoing {
+            // Both grow with use and are kept: idle sessions stay small, busy ones stop
+            // allocating.
+            data: OutQueue::new(),
+            data_end: 0,
+            data_written: 0,
+            control: VecDeque::new(),
+            control_pushed: 0,
+            control_written: 0,
+            room: VecDeque::new(),
+            reserved: 0,
+            grant_epoch: 0,
+            openers: Slab::new(),
+            flush: VecDeque::new(),
+            bytes_written: 0,
+        }
+    }
+
+    pub(super) fn has_output(&self) -> bool {
+        !self.data.is_empty() || !self.control.is_empty()
+    }
+
+    pub(super) fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Whether the stream's bytes up to these marks are written.
+    fn written(&self, data_mark: u64, control_mark: u64) -> bool {
+        self.data_written >= data_mark && self.control_written >= control_mark
+    }
+}
+
+impl Inner {
+    // -----------------------------------------------------------------------------------------
+    // Queueing.
+
+    /// Whether writers and openers without a grant may queue more: the data queue and the
+    /// room reserved for woken waiters are below the queue's size.
+    pub(super) fn data_has_room(&self) -> bool {
+        self.out.data.len() + self.out.reserved < self.config.write_buffer_size
+    }
+
+    /// Takes the stream's grant of room, if it holds a live one: it may queue even when the
+    /// queue looks full, since the room was kept for it.
+    pub(super) fn take_room_grant(&mut self, key: usize) -> bool {
+        let epoch = self.out.grant_epoch;
+        let Some(stream) = self.streams.get_mut(key) else {
+            return false;
+        };
+        match stream.room_grant.take() {
+            Some((want, granted)) if granted == epoch => {
+                self.out.reserved = self.out.reserved.saturating_sub(want);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the stream holds a live grant of room.
+    pub(super) fn holds_room_grant(&self, key: usize) -> bool {
+        self.streams
+            .get(key)
+            .and_then(|s| s.room_grant)
+            .is_some_and(|(_, epoch)| epoch == self.out.grant_epoch)
+    }
+
+    /// Takes the opener's grant of room, as [`Inner::take_room_grant`].
+    pub(super) fn take_opener_grant(&mut self, slot: Option<usize>) -> bool {
+        let epoch = self.out.grant_epoch;
+        let Some(opener) = slot.and_then(|key| self.out.openers.get_mut(key)) else {
+            return false;
+        };
+        if opener.granted.take() == Some(epoch) {
+            self.out.reserved = self.out.reserved.saturating_sub(HEADER_LEN);
+            return true;
+        }
+        false
+    }
+
+    /// Voids every grant of room not used yet: called when the driver finds room unclaimed,
+    /// so that a cancelled waiter's share goes to the next one.
+    pub(crate) fn void_room_grants(&mut self) {
+        self.out.grant_epoch += 1;
+        self.out.reserved = 0;
+    }
+
+    /// Appends `header` to the data queue; returns the position after it.
+    pub(super) fn queue_data_header(&mut self, header: Header) -> u64 {
+        self.out.data.extend_from_slice(&header.to_bytes());
+        self.out.data_end += HEADER_LEN as u64;
+        self.stats.frames_sent += 1;
+        self.out.data_end
+    }
+
+    /// Appends a Data frame's payload, copied, behind its header.
+    pub(super) fn queue_payload(&mut self, payload: &[u8]) -> u64 {
+        self.out.data.extend_from_slice(payload);
+        self.out.data_end += payload.len() as u64;
+        self.out.data_end
+    }
+
+    /// Appends a Data frame's payload, spliced in without a copy unless it is short.
+    pub(super) fn queue_payload_chunk(&mut self, payload: bytes::Bytes) -> u64 {
+        self.out.data_end += payload.len() as u64;
+        self.out.data.push_chunk(payload);
+        self.out.data_end
+    }
+
+    /// Appends an entry to the control queue; returns the position after it.
+    pub(super) fn queue_control(&mut self, control: Control) -> u64 {
+        self.out.control.push_back(control);
+        self.out.control_pushed += 1;
+        self.out.control_pushed
+    }
+
+    /// Queues credit for the stream unless it has some queued already.
+    pub(super) fn queue_credit(&mut self, key: usize) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if !stream.credit_queued {
+            stream.credit_queued = true;
+            let id = stream.id;
+            self.queue_control(Control::Credit { key, id });
+        }
+    }
+
+    /// Queues a close frame of `kind` for the stream: behind its data while some of that is
+    /// still in the data queue (a close must not overtake the data it ends), otherwise in the
+    /// control queue, so that it goes out at once. Records where it lies, for `close`.
+    pub(super) fn queue_close(&mut self, key: usize, kind: Kind) {
+        let data_start = self.out.data_end - self.out.data.len() as u64;
+        let Some(stream) = self.streams.get(key) else {
+            return;
+        };
+        let (id, ordered) = (stream.id, stream.data_mark > data_start);
+        let header = Header::new(id, kind);
+        if ordered && kind != Kind::CloseWrite {
+            let mark = self.queue_data_header(header);
+            if let Some(stream) = self.streams.get_mut(key) {
+                stream.data_mark = mark;
+            }
+        } else {
+            let mark = self.queue_control(Control::Frame(header));
+            if let Some(stream) = self.streams.get_mut(key) {
+                stream.control_mark = mark;
+            }
+        }
+    }
+
+    /// Queues a keepalive (id 0), ahead of data.
+    pub(crate) fn queue_keepalive(&mut self) {
+        self.queue_control(Control::Frame(Header::new(0, Kind::Keepalive)));
+        self.stats.keepalives_sent += 1;
+    }
+
+    /// Queues CloseMux behind everything already queued: a graceful close delivers what was
+    /// written before it.
+    pub(super) fn queue_close_mux(&mut self) {
+        self.queue_data_header(Header::new(0, Kind::CloseMux));
+    }
+
+    /// Control entries beyond which the driver stops reading: one per live stream (credit),
+    /// and the accept backlog's worth of refusals. Closes the application asks for add at most
+    /// three per stream on top, so the control queue holds at most
+    /// `8 × (accept_backlog + 5 × max_streams)` bytes (`Config` docs; measured by
+    /// `tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`).
+    pub(crate) fn control_limit(&self) -> usize {
+        self.config.accept_backlog + self.config.max_streams
+    }
+
+    /// Whether the control queue is over its bound, so reading must wait for it to drain.
+    pub(crate) fn control_over_limit(&self) -> bool {
+        self.out.control.len() > self.control_limit()
+    }
+
+    /// Whether the driver has anything to take.
+    pub(crate) fn has_output(&self) -> bool {
+        self.out.has_output()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The driver's side.
+
+    /// Hands the driver its next batch: every control frame, resolved into bytes in
+    /// `control_buf`, then the whole data queue, swapped into `data_buf` (both empty on entry).
+    /// Lets in the writers the freed room admits.
+    pub(crate) fn take_batch(
+        &mut self,
+        now: Instant,
+        control_buf: &mut Vec<u8>,
+        data_buf: &mut OutQueue,
+        wakers: &mut Vec<Waker>,
+    ) -> Batch {
+        let micros = self.micros(now);
+        let entries = self.out.control.len();
+        for _ in 0..entries {
+            let Some(entry) = self.out.control.pop_front() else {
+                break;
+            };
+            let header = match entry {
+                Control::Frame(header) => header,
+                Control::Credit { key, id } => match self.take_credit(key, id, micros) {
+                    Some(header) => header,
+                    None => continue,
+                },
+            };
+            control_buf.extend_from_slice(&header.to_bytes());
+            self.stats.frames_sent += 1;
+        }
+        // Entries queued by `take_credit` (credit beyond one frame's 24 bits) go next time.
+        let control_end = self.out.control_pushed - self.out.control.len() as u64;
+        let data_start = self.out.data_end - self.out.data.len() as u64;
+        std::mem::swap(&mut self.out.data, data_buf);
+        self.wake_room(wakers);
+        Batch {
+            data_start,
+            control_end,
+        }
+    }
+
+    /// The WindowUpdate a credit entry stands for, if the stream still wants one.
+    fn take_credit(&mut self, key: usize, id: u32, micros: u64) -> Option<Header> {
+        // A stale entry (its stream gone, perhaps its key reused) is skipped: the new stream
+        // queues its own.
+        let stream = self.streams.get_mut(key).filter(|s| s.id == id)?;
+        if !stream.credit_queued {
+            return None;
+        }
+        stream.credit_queued = false;
+        if !stream.peer_may_send() {
+            return None; // The peer sends no more: credit would be wasted bytes.
+        }
+        // The probe starts now, as the frame goes to the transport, so that the round trip
+        // measured holds no time this side spent queueing.
+        stream.tuner.on_credit(stream.window.peer_credit(), micros);
+        let credit = stream.window.take_update()?;
+        let header = Header {
+            id,
+            length: credit,
+            kind: Kind::WindowUpdate,
+        };
+        if stream.window.owes() {
+            self.queue_credit(key);
+        }
+        Some(header)
+    }
+
+    /// The driver has written the data queue up to `data` and the control queue up to
+    /// `control`, `bytes` in all since the last call: wakes the tasks waiting for that.
+    pub(crate) fn written(&mut self, data: u64, control: u64, bytes: u64, wakers: &mut Vec<Waker>) {
+        let out = &mut self.out;
+        out.data_written = out.data_written.max(data);
+        out.control_written = out.control_written.max(control);
+        out.bytes_written += bytes;
+        while let Some(front) = out.flush.front() {
+            if !out.written(front.data, front.control) {
+                break;
+            }
+            let (key, id) = (front.key, front.id);
+            out.flush.pop_front();
+            if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
+                stream.flush_queued = false;
+                wakers.extend(stream.flush_waker.take());
+            }
+        }
+    }
+
+    /// Lets in writers and openers waiting for room in the data queue, oldest first, until
+    /// what they mean to queue fills the room; returns whether any are left waiting.
+    ///
+    /// Waking them all instead would wake every blocked task (tens of thousands with as many
+    /// streams) for the few that fit, and all but those would queue up again: quadratic work.
+    /// A woken task whose write was cancelled leaves its share unused; the driver passes unused
+    /// room on (it calls this again whenever it finds the queue empty), so nobody waits behind
+    /// it.
+    pub(crate) fn wake_room(&mut self, wakers: &mut Vec<Waker>) -> bool {
+        let epoch = self.out.grant_epoch;
+        let mut room = self
+            .config
+            .write_buffer_size
+            .saturating_sub(self.out.data.len() + self.out.reserved);
+        while room > 0 {
+            let Some(waiter) = self.out.room.pop_front() else {
+                break;
+            };
+            match waiter {
+                RoomWaiter::Stream { key, id, want } => {
+                    let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) else {
+                        continue;
+                    };
+                    if !stream.room_queued {
+                        continue;
+                    }
+                    stream.room_queued = false;
+                    stream.room_grant = Some((want, epoch));
+                    stream.wake_writer(WriteWait::Room, wakers);
+                    self.out.reserved += want;
+                    room = room.saturating_sub(want);
+                }
+                RoomWaiter::Open { slot } => {
+                    let Some(opener) = self.out.openers.get_mut(slot) else {
+                        continue;
+                    };
+                    if !opener.queued {
+                        continue;
+                    }
+                    opener.queued = false;
+                    opener.granted = Some(epoch);
+                    wakers.extend(opener.waker.take());
+                    self.out.reserved += HEADER_LEN;
+                    room = room.saturating_sub(HEADER_LEN);
+                }
+            }
+        }
+        !self.out.room.is_empty()
+    }
+
+    pub(crate) fn room_waiting(&self) -> bool {
+        !self.out.room.is_empty()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Waiting, one entry per waiting future.
+
+    /// The stream's writer waits for room for `want` bytes.
+    pub(super) fn wait_for_room(&mut self, key: usize, waker: &Waker, want: usize) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        stream.wait_to_write(WriteWait::Room, waker);
+        if !stream.room_queued {
+            stream.room_queued = true;
+            let id = stream.id;
+            self.out
+                .room
+                .push_back(RoomWaiter::Stream { key, id, want });
+            self.prune_room();
+        }
+    }
+
+    /// An `open` future waits for room, holding `slot` in the openers until it is dropped.
+    pub(super) fn opener_waits(&mut self, slot: &mut Option<usize>, waker: &Waker) {
+        let key = match slot.filter(|&key| self.out.openers.get(key).is_some()) {
+            Some(key) => key,
+            None => {
+                let key = self.out.openers.insert(Opener {
+                    waker: None,
+                    queued: false,
+                    granted: None,
+                });
+                *slot = Some(key);
+                key
+            }
+        };
+        let Some(opener) = self.out.openers.get_mut(key) else {
+            return;
+        };
+        register(&mut opener.waker, waker);
+        if !opener.queued {
+            opener.queued = true;
+            self.out.room.push_back(RoomWaiter::Open { slot: key });
+            self.prune_room();
+        }
+    }
+
+    /// An `open` future is gone: its slot is given back (its queue entry, if any, is skipped).
+    pub(crate) fn opener_gone(&mut self, slot: &mut Option<usize>) {
+        if let Some(key) = slot.take() {
+            self.out.openers.remove(key);
+        }
+    }
+
+    /// Drops queue entries of streams and openers that are gone, once they could be half of
+    /// the queue, so that the queue stays within twice the futures waiting.
+    fn prune_room(&mut self) {
+        let live = self.streams.len() + self.out.openers.len();
+        if self.out.room.len() <= 2 * live + 64 {
+            return;
+        }
+        let (streams, openers) = (&self.streams, &self.out.openers);
+        self.out.room.retain(|waiter| match *waiter {
+            RoomWaiter::Stream { key, id, .. } => streams
+                .get(key)
+                .is_some_and(|s| s.id == id && s.room_queued),
+            RoomWaiter::Open { slot } => openers.get(slot).is_some_and(|o| o.queued),
+        });
+    }
+
+    /// Whether everything the stream queued, closes included, is written (or it is gone).
+    pub(super) fn is_written(&self, key: usize) -> bool {
+        self.streams
+            .get(key)
+            .is_none_or(|s| self.out.written(s.data_mark, s.control_mark))
+    }
+
+    /// The stream waits until its bytes are written: ready when they are.
+    pub(super) fn wait_written(&mut self, key: usize, waker: &Waker) -> bool {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return true;
+        };
+        if self.out.written(stream.data_mark, stream.control_mark) {
+            return true;
+        }
+        register(&mut stream.flush_waker, waker);
+        if !stream.flush_queued {
+            stream.flush_queued = true;
+            // The queues' ends now, not the stream's own marks: these only grow, so the
+            // driver wakes waiters from the front.
+            self.out.flush.push_back(FlushWaiter {
+                data: self.out.data_end,
+                control: self.out.control_pushed,
+                key,
+                id: stream.id,
+            });
+            let live = self.streams.len();
+            if self.out.flush.len() > 2 * live + 64 {
+                let streams = &self.streams;
+                self.out.flush.retain(|w| {
+                    streams
+                        .get(w.key)
+                        .is_some_and(|s| s.id == w.id && s.flush_queued)
+                });
+            }
+        }
+        false
+    }
+
+    /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport
+    /// refused a write): each sees why when it runs.
+    pub(super) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
+        for stream in self.streams.iter_mut() {
+            stream.room_queued = false;
+            stream.flush_queued = false;
+            stream.wake_all(wakers);
+        }
+        for opener in self.out.openers.iter_mut() {
+            opener.queued = false;
+            wakers.extend(opener.waker.take());
+        }
+        self.out.room.clear();
+        self.out.flush.clear();
+    }
+
+    /// Entries in the wait queues, for tests.
+    #[cfg(test)]
+    pub(super) fn waiting_entries(&self) -> (usize, usize) {
+        (self.out.room.len(), self.out.flush.len())
+    }
+
+    /// Outgoing buffers' capacity, for the driver's test of releasing them.
+    #[cfg(test)]
+    pub(crate) fn data_capacity(&self) -> usize {
+        self.out.data.capacity()
+    }
+
+    /// Gives the data queue's buffers back to the allocator (the session is quiet).
+    pub(crate) fn release_data_buffers(&mut self) {
+        if self.out.data.is_empty() {
+            self.out.data.release();
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! What happens to a received frame, and to received data as the application reads it: the
+//! receive path, credit returned, and the growth of receive windows.
+
+use std::task::{Poll, Waker};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::outgoing::Control;
+use super::recv_buf::{RecvBuffer, Source};
+use super::stream_state::{RecvState, StreamState, WriteWait};
+use super::Inner;
+use crate::error::{Error, ProtocolError};
+use crate::flow::add_send_credit;
+use crate::frame::{Frame, Header, Kind, HEADER_LEN};
+use crate::trace::event;
+
+impl Inner {
+    /// Applies one received frame; `source` is the read buffer its payload is a slice of. `Err`
+    /// ends the session with that error.
+    pub(crate) fn on_frame(
+        &mut self,
+        frame: Frame,
+        source: Source,
+        now: Instant,
+        wakers: &mut Vec<Waker>,
+    ) -> Result<(), Error> {
+        let Header { id, length, kind } = frame.header;
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += (HEADER_LEN + frame.payload.len()) as u64;
+        match kind {
+            Kind::Data => self.on_data(id, frame.payload, source, now, wakers)?,
+            Kind::WindowUpdate => self.on_window_update(id, length, wakers)?,
+            Kind::OpenStream => self.on_open(id, wakers)?,
+            Kind::CloseRead => self.on_peer_close(id, wakers, StreamState::on_peer_shut),
+            Kind::CloseWrite => self.on_peer_close(id, wakers, StreamState::on_peer_stopped),
+            Kind::CloseStream => self.on_peer_close(id, wakers, StreamState::on_peer_closed),
+            Kind::Keepalive => self.stats.keepalives_received += 1,
+            Kind::CloseMux => return Err(Error::ClosedByPeer),
+        }
+        Ok(())
+    }
+
+    fn stream_by_id(&mut self, id: u32) -> Option<&mut StreamState> {
+        let key = *self.ids.get(&id)?;
+        self.streams.get_mut(key)
+    }
+
+    fn on_data(
+        &mut self,
+        id: u32,
+        payload: Bytes,
+        source: Source,
+        now: Instant,
+        wakers: &mut Vec<Waker>,
+    ) -> Result<(), Error> {
+        let (micros, min_rtt) = (self.micros(now), self.min_rtt);
+        let Some(stream) = self.ids.get(&id).and_then(|&key| self.streams.get_mut(key)) else {
+            return Ok(()); // Unknown or closed: races with a local close.
+        };
+        if stream.recv == RecvState::PeerShut {
+            return Err(ProtocolError::DataAfterClose { id }.into());
+        }
+        let length = payload.len() as u32;
+        stream
+            .window
+            .receive(length)
+            .map_err(|credit| ProtocolError::WindowExceeded { id, length, credit })?;
+        let target = stream.window.target();
+        let rtt_sample = stream.tuner.on_data(length, target, min_rtt, micros);
+        if stream.recv == RecvState::Stopped {
+            // This side stopped reading; the frame was in flight. Its credit is not returned:
+            // the peer's writes fail from now on anyway.
+            return Ok(());
+        }
+        stream
+            .buffer
+            .push(payload, source, &mut self.tail_pool, &mut self.pins);
+        wakers.extend(stream.read_waker.take());
+        self.count_buffered(i64::from(length));
+        if let Some(sample) = rtt_sample {
+            self.min_rtt = Some(self.min_rtt.map_or(sample, |rtt| rtt.min(sample)));
+        }
+        if self.pins.needs_compaction(self.stats.buffered) {
+            self.compact_pinned();
+        }
+        Ok(())
+    }
+
+    /// Copies every buffered slice of a read buffer out, so the read buffers can go (see
+    /// `recv_buf`).
+    fn compact_pinned(&mut self) {
+        let _before = self.pins.pinned();
+        for stream in self.streams.iter_mut() {
+            stream.buffer.compact(&mut self.pins);
+        }
+        event!(
+            debug,
+            session = self.id,
+            pinned = _before,
+            buffered = self.stats.buffered,
+            "received data compacted"
+        );
+    }
+
+    fn on_window_update(
+        &mut self,
+        id: u32,
+        increment: u32,
+        wakers: &mut Vec<Waker>,
+    ) -> Result<(), Error> {
+        let Some(stream) = self.stream_by_id(id) else {
+            return Ok(()); // Unknown or closed: races with a local close.
+        };
+        stream.send_credit = add_send_credit(stream.send_credit, increment).ok_or(
+            ProtocolError::WindowOverflow {
+                id,
+                credit: stream.send_credit,
+                increment,
+            },
+        )?;
+        if increment > 0 {
+            stream.wake_writer(WriteWait::Credit, wakers);
+        }
+        Ok(())
+    }
+
+    fn on_open(&mut self, id: u32, wakers: &mut Vec<Waker>) -> Result<(), Error> {
+        if !self.role.is_peer_id(id) {
+            return Err(ProtocolError::WrongParity { id }.into());
+        }
+        if self.ids.contains_key(&id) {
+            return Err(ProtocolError::DuplicateStream { id }.into());
+        }
+        if self.life.session_handles == 0
+            || self.accept_queue.len() >= self.config.accept_backlog
+            || self.streams.len() >= self.config.max_streams
+        {
+            self.queue_control(Control::Frame(Header::new(id, Kind::CloseStream)));
+            self.stats.streams_refused += 1;
+            event!(
+                debug,
+                session = self.id,
+                stream = id,
+                "inbound stream refused"
+            );
+            return Ok(());
+        }
+        self.stats.streams_accepted += 1;
+        event!(
+            trace,
+            session = self.id,
+            stream = id,
+            "inbound stream queued"
+        );
+        // The accept queue holds the stream's handles until `accept` hands them out.
+        let key = self.insert_stream(id);
+        self.accept_queue.push_back(key);
+        self.accept_waiters.wake_all(wakers);
+        Ok(())
+    }
+
+    fn on_peer_close(&mut self, id: u32, wakers: &mut Vec<Waker>, apply: fn(&mut StreamState)) {
+        if let Some(stream) = self.stream_by_id(id) {
+            apply(stream);
+            stream.wake_all(wakers);
+        }
+    }
+
+    /// Adds a stream's state; a receive window above the protocol's initial one is announced
+    /// at once.
+    pub(super) fn insert_stream(&mut self, id: u32) -> usize {
+        let stream = StreamState::new(id, self.config.receive_window);
+        let announce = stream.window.owes();
+        let key = self.streams.insert(stream);
+        self.ids.insert(id, key);
+        if announce {
+            self.queue_credit(key);
+        }
+        key
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The application's side.
+
+    /// Hands out the next inbound stream.
+    pub(crate) fn poll_accept(
+        &mut self,
+        waker: &Waker,
+        slot: &mut Option<usize>,
+    ) -> Poll<Result<(usize, u32), Error>> {
+        if let Some(key) = self.accept_queue.pop_front() {
+            let id = self.streams.get(key).map_or(0, |s| s.id);
+            return Poll::Ready(Ok((key, id)));
+        }
+        if let Some(error) = self.end_reason() {
+            return Poll::Ready(Err(error.clone()));
+        }
+        self.accept_waiters.register(slot, waker);
+        Poll::Pending
+    }
+
+    /// An `accept` future (or `Incoming`) is gone.
+    pub(crate) fn accept_waiter_gone(&mut self, slot: &mut Option<usize>) {
+        self.accept_waiters.remove(slot);
+    }
+
+    pub(crate) fn poll_read(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        now: Instant,
+        dst: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<Result<(), Error>> {
+        self.poll_read_with(key, waker, now, |buffer, pins| {
+            let read = buffer.read_into(dst, pins);
+            (read, ())
+        })
+        .map_ok(drop)
+    }
+
+    /// Hands out up to `max` buffered bytes without copying them; `None` at end of stream.
+    pub(crate) fn poll_read_chunk(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        now: Instant,
+        max: usize,
+    ) -> Poll<Result<Option<Bytes>, Error>> {
+        self.poll_read_with(key, waker, now, |buffer, pins| {
+            let chunk = buffer.take_chunk(max, pins);
+            (chunk.len(), chunk)
+        })
+    }
+
+    /// The read path shared by `poll_read` and `poll_read_chunk`: `read` takes buffered data
+    /// and says how much. `Ok(None)` is end of stream.
+    fn poll_read_with<R>(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        now: Instant,
+        read: impl FnOnce(&mut RecvBuffer, &mut super::recv_buf::PinLedger) -> (usize, R),
+    ) -> Poll<Result<Option<R>, Error>> {
+        let micros = self.micros(now);
+        let (min_rtt, ended) = (self.min_rtt, self.life.ended());
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Poll::Ready(Ok(None));
+        };
+        if stream.recv == RecvState::Stopped {
+            return Poll::Ready(Ok(None));
+        }
+        if !stream.buffer.is_empty() {
+            let (count, result) = read(&mut stream.buffer, &mut self.pins);
+            stream.window.consume(count as u32);
+            stream.buffer.give_back_tail(&mut self.tail_pool);
+            let target = stream.window.target();
+            // Only a reader that drains its buffer promptly shows that the window, not the
+            // reader, is what limits the stream.
+            let low = stream.buffer.len() <= target / 4;
+            let grow = stream.tuner.on_read(low, min_rtt, micros);
+            let due = stream.window.update_due(stream.buffer.is_empty());
+            let peer_may_send = stream.peer_may_send();
+            self.count_buffered(-(count as i64));
+            if !ended && peer_may_send {
+                if grow {
+                    self.grow_window(key);
+                } else if due {
+                    self.queue_credit(key);
+                }
+            }
+            return Poll::Ready(Ok(Some(result)));
+        }
+        if stream.recv == RecvState::PeerShut {
+            return Poll::Ready(Ok(None)); // End of stream.
+        }
+        if let Some(error) = self.life.end_reason() {
+            return Poll::Ready(Err(error.clone()));
+        }
+        super::stream_state::register(&mut stream.read_waker, waker);
+        Poll::Pending
+    }
+
+    /// Doubles a stream's receive window, within the per-stream ceiling and the session's
+    /// budget (see [`crate::flow::Tuner`]), and queues the new credit.
+    fn grow_window(&mut self, key: usize) {
+        let ceiling = self.config.window_ceiling();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        let target = stream.window.target();
+        let extra = target.min(ceiling.saturating_sub(target));
+        let extra = u64::from(extra).min(self.window_budget) as u32;
+        if extra > 0 {
+            self.window_budget -= u64::from(extra);
+            stream.window.grow(extra);
+            event!(
+                trace,
+                session = self.id,
+                stream = stream.id,
+                window = target + extra,
+                "receive window grown"
+            );
+        }
+        if stream.window.update_due(stream.buffer.is_empty()) {
+            self.queue_credit(key);
+        }
+    }
+
+    /// Bytes buffered for reading on the stream.
+    pub(crate) fn buffered(&self, key: usize) -> usize {
+        self.streams.get(key).map_or(0, |s| s.buffer.len() as usize)
+    }
+}

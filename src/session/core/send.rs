@@ -1,0 +1,290 @@
+//! What the application sends: opens, writes, half-closes and closes, flushes, and the stream
+//! handles going away.
+
+use std::task::{Poll, Waker};
+
+use bytes::Bytes;
+
+use super::stream_state::{Closed, RecvState, SendState, WriteWait};
+use super::Inner;
+use crate::error::Error;
+use crate::frame::{Header, Kind, HEADER_LEN};
+use crate::trace::event;
+
+impl Inner {
+    /// Opens a stream: the next free id of this side's parity, announced with OpenStream. An
+    /// `open` future waiting for room holds `slot` among the openers.
+    pub(crate) fn poll_open(
+        &mut self,
+        waker: &Waker,
+        slot: &mut Option<usize>,
+    ) -> Poll<Result<(usize, u32), Error>> {
+        if let Some(error) = self.life.unusable() {
+            return Poll::Ready(Err(error.clone()));
+        }
+        if self.streams.len() >= self.config.max_streams {
+            return Poll::Ready(Err(Error::TooManyStreams));
+        }
+        if !self.take_opener_grant(*slot) && !self.data_has_room() {
+            self.opener_waits(slot, waker);
+            return Poll::Pending;
+        }
+        // Ids wrap at 2^32; skip any still live. `max_streams` is clamped below 2^31, which
+        // guarantees a free one.
+        let mut id = self.next_id;
+        while self.ids.contains_key(&id) {
+            id = id.wrapping_add(2);
+        }
+        self.next_id = id.wrapping_add(2);
+        let key = self.insert_stream(id);
+        let mark = self.queue_data_header(Header::new(id, Kind::OpenStream));
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.data_mark = mark;
+        }
+        self.stats.streams_opened += 1;
+        event!(trace, session = self.id, stream = id, "stream opened");
+        Poll::Ready(Ok((key, id)))
+    }
+
+    pub(crate) fn poll_write(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        data: &[u8],
+    ) -> Poll<Result<usize, Error>> {
+        let (id, n) = match self.grant_write(key, waker, data.len()) {
+            Poll::Ready(Ok(grant)) => grant,
+            other => return other.map_ok(|_| 0),
+        };
+        if n > 0 {
+            self.queue_data_header(data_header(id, n));
+            let mark = self.queue_payload(&data[..n]);
+            self.set_data_mark(key, mark);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Queues a Data frame with as much of `chunk` as credit and room allow at once, without
+    /// copying it, and advances `chunk` past it; see [`Inner::poll_write`].
+    pub(crate) fn poll_write_chunk(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        chunk: &mut Bytes,
+    ) -> Poll<Result<usize, Error>> {
+        let (id, n) = match self.grant_write(key, waker, chunk.len()) {
+            Poll::Ready(Ok(grant)) => grant,
+            other => return other.map_ok(|_| 0),
+        };
+        if n > 0 {
+            self.queue_data_header(data_header(id, n));
+            let mark = self.queue_payload_chunk(chunk.split_to(n));
+            self.set_data_mark(key, mark);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn set_data_mark(&mut self, key: usize, mark: u64) {
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.data_mark = mark;
+        }
+    }
+
+    /// Admits a write of up to `len` bytes: the stream's id and how many bytes may go in one
+    /// frame now (0 only when `len` is), with the credit for them taken. Pending, with the
+    /// waker registered for what is missing, while the stream has no credit or the data queue
+    /// no room.
+    fn grant_write(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        len: usize,
+    ) -> Poll<Result<(u32, usize), Error>> {
+        let room = self.holds_room_grant(key) || self.data_has_room();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Poll::Ready(Err(Error::WriteClosed));
+        };
+        if let Some(error) = stream.write_error() {
+            return Poll::Ready(Err(error));
+        }
+        if let Some(error) = self.life.unusable() {
+            return Poll::Ready(Err(error.clone()));
+        }
+        if len == 0 {
+            return Poll::Ready(Ok((stream.id, 0)));
+        }
+        if stream.send_credit == 0 {
+            stream.wait_to_write(WriteWait::Credit, waker);
+            return Poll::Pending;
+        }
+        // Use whatever credit there is: a partial frame now beats a whole one later.
+        let n = len
+            .min(stream.send_credit as usize)
+            .min(self.config.max_payload);
+        if !room {
+            self.wait_for_room(key, waker, HEADER_LEN + n);
+            return Poll::Pending;
+        }
+        stream.send_credit -= n as u32;
+        stream.write_wait = WriteWait::Idle;
+        let id = stream.id;
+        self.take_room_grant(key);
+        Poll::Ready(Ok((id, n)))
+    }
+
+    /// `flush` and `shutdown`: ready at once while the session lives and its transport takes
+    /// writes, since what the stream queued is then on its way (the driver writes the queues in
+    /// order, with no further call); otherwise as [`Inner::poll_written`], so that bytes that
+    /// may never be written are reported rather than taken for sent.
+    ///
+    /// Waiting for the transport every time would cost each flush a wake-up after the driver's
+    /// next write: with thousands of short streams, over a third of the time (see the
+    /// `streams` bench in BENCHMARKS.md).
+    pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
+        if self.life.unusable().is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_written(key, waker)
+    }
+
+    /// Ready once everything the stream queued, closes included, has been written to the
+    /// transport.
+    pub(crate) fn poll_written(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
+        if self.is_written(key) {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(error) = self.life.write_failed() {
+            return Poll::Ready(Err(error.clone()));
+        }
+        if self.life.finished() {
+            // The driver is gone and this stream's bytes never reached the transport.
+            let error = self.end_reason().cloned().unwrap_or(Error::ClosedLocally);
+            return Poll::Ready(Err(error));
+        }
+        if self.wait_written(key, waker) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Half-close of the write side: CloseRead on the wire, after the data written.
+    pub(crate) fn shutdown(&mut self, key: usize) {
+        let ended = self.life.ended();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if stream.send == SendState::Shut {
+            return;
+        }
+        stream.send = SendState::Shut;
+        stream.wake_writer(WriteWait::Credit, &mut Vec::new());
+        if stream.may_send_frames() && !ended {
+            self.queue_close(key, Kind::CloseRead);
+        }
+    }
+
+    /// Close of the read side: CloseWrite on the wire; buffered and arriving data is discarded.
+    pub(crate) fn close_read(&mut self, key: usize) {
+        let ended = self.life.ended();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if stream.recv == RecvState::Stopped {
+            return;
+        }
+        stream.recv = RecvState::Stopped;
+        let discarded = stream.buffer.discard(&mut self.pins);
+        stream.window.consume(discarded);
+        let send = stream.may_send_frames() && !ended;
+        self.count_buffered(-i64::from(discarded));
+        if send {
+            self.queue_close(key, Kind::CloseWrite);
+        }
+    }
+
+    /// Full close: CloseStream on the wire, after the data written.
+    pub(crate) fn close_stream(&mut self, key: usize) {
+        let ended = self.life.ended();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if stream.closed == Closed::ByUs {
+            return;
+        }
+        stream.send = SendState::Shut;
+        stream.recv = RecvState::Stopped;
+        let discarded = stream.buffer.discard(&mut self.pins);
+        let send = stream.may_send_frames() && !ended;
+        if stream.closed == Closed::No {
+            stream.closed = Closed::ByUs;
+        }
+        self.count_buffered(-i64::from(discarded));
+        if send {
+            self.queue_close(key, Kind::CloseStream);
+        }
+    }
+
+    /// A handle goes away: a reading one (`reader`), a writing one (`writer`), or a `Stream`
+    /// or a place in the accept queue (both). When the last reader goes the stream stops
+    /// reading on the wire, as `close_read` (so a peer blocked on credit learns it, instead of
+    /// waiting for ever); when the last writer goes it shuts its writing down, as tokio's
+    /// `OwnedWriteHalf` does on drop (so the peer reads end-of-stream). When both are gone it
+    /// closes (CloseStream, unless either side already sent one) and its id is free. Data
+    /// written before is already queued ahead of these frames. Guarded by
+    /// `tests/core_findings_b.rs` (`dropping_*_half_*`).
+    pub(crate) fn release(&mut self, key: usize, reader: bool, writer: bool) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if reader {
+            stream.readers = stream.readers.saturating_sub(1);
+        }
+        if writer {
+            stream.writers = stream.writers.saturating_sub(1);
+        }
+        match (stream.readers, stream.writers) {
+            (0, 0) => self.remove_stream(key),
+            (0, _) if reader => self.close_read(key),
+            (_, 0) if writer => self.shutdown(key),
+            _ => {}
+        }
+    }
+
+    /// Closes the stream for good and forgets it.
+    fn remove_stream(&mut self, key: usize) {
+        let ended = self.life.ended();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        let id = stream.id;
+        let send_close = stream.closed == Closed::No && !ended;
+        let grown = stream
+            .window
+            .target()
+            .saturating_sub(self.config.receive_window);
+        self.window_budget += u64::from(grown);
+        let unread = stream.buffer.discard(&mut self.pins);
+        self.count_buffered(-i64::from(unread));
+        if send_close {
+            self.queue_close(key, Kind::CloseStream);
+        }
+        self.streams.remove(key);
+        self.ids.remove(&id);
+        event!(
+            trace,
+            session = self.id,
+            stream = id,
+            unread,
+            "stream released"
+        );
+    }
+}
+
+fn data_header(id: u32, n: usize) -> Header {
+    Header {
+        id,
+        length: n as u32,
+        kind: Kind::Data,
+    }
+}

@@ -1,0 +1,190 @@
+//! One stream's state: what each direction may still do, its receive buffer and credit, and
+//! its places in the session's wait queues.
+//!
+//! Each direction is an explicit enum, so that a reader sees at once what a frame or a call
+//! may do to a stream, and combinations the protocol cannot produce cannot be written.
+
+use std::task::Waker;
+
+use super::recv_buf::RecvBuffer;
+use crate::error::Error;
+use crate::flow::{RecvWindow, Tuner};
+use crate::frame::INITIAL_WINDOW;
+
+/// This side's sending direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SendState {
+    /// Writes go out as credit allows.
+    Open,
+    /// This side shut it down (sent CloseRead or CloseStream): writes fail with `WriteClosed`.
+    Shut,
+    /// The peer stopped reading (sent CloseWrite or CloseStream): writes fail with
+    /// `PeerReadClosed`.
+    PeerStopped,
+}
+
+/// This side's receiving direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RecvState {
+    /// Data arrives within the credit granted.
+    Open,
+    /// The peer sent CloseRead or CloseStream: reads end once the buffer is drained, and more
+    /// data from the peer breaks the protocol.
+    PeerShut,
+    /// This side stopped reading (sent CloseWrite or CloseStream, or its read half went):
+    /// reads end, data still in flight is discarded.
+    Stopped,
+}
+
+/// Who sent CloseStream, once somebody has. A side that received CloseStream does not send
+/// its own, and sends nothing more for the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Closed {
+    No,
+    ByUs,
+    ByPeer,
+}
+
+/// What a writer on the stream waits for, so that each event wakes only the writers it can
+/// help: a WindowUpdate wakes a writer waiting for credit, room in the data queue one waiting
+/// for room (see `Outgoing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WriteWait {
+    Idle,
+    Credit,
+    Room,
+}
+
+pub(super) struct StreamState {
+    pub(super) id: u32,
+    pub(super) send: SendState,
+    pub(super) recv: RecvState,
+    pub(super) closed: Closed,
+    /// Handles that may read (`Stream`, `ReadHalf`, a place in the accept queue) and that may
+    /// write (`Stream`, `WriteHalf`, the accept queue). When the readers are gone the stream
+    /// stops reading on the wire; when the writers are gone it shuts its writing down; when
+    /// both are, it closes.
+    pub(super) readers: u8,
+    pub(super) writers: u8,
+    pub(super) buffer: RecvBuffer,
+    pub(super) window: RecvWindow,
+    pub(super) tuner: Tuner,
+    /// Credit the peer granted and this side has not spent.
+    pub(super) send_credit: u32,
+    /// Data-queue position just past this stream's last frame there, and control-queue
+    /// position just past its last close frame there: its bytes are written once the driver
+    /// has written that far in both.
+    pub(super) data_mark: u64,
+    pub(super) control_mark: u64,
+    /// The stream has an entry in the control queue for credit it owes the peer.
+    pub(super) credit_queued: bool,
+    /// The stream has an entry in the queue of writers waiting for room…
+    pub(super) room_queued: bool,
+    /// …or was let in: room kept for it (bytes, grant epoch) until it writes.
+    pub(super) room_grant: Option<(usize, u64)>,
+    /// The stream has an entry in the queue of tasks waiting for their bytes to be written.
+    pub(super) flush_queued: bool,
+    pub(super) write_wait: WriteWait,
+    pub(super) read_waker: Option<Waker>,
+    pub(super) write_waker: Option<Waker>,
+    pub(super) flush_waker: Option<Waker>,
+}
+
+impl StreamState {
+    pub(super) fn new(id: u32, receive_window: u32) -> StreamState {
+        StreamState {
+            id,
+            send: SendState::Open,
+            recv: RecvState::Open,
+            closed: Closed::No,
+            readers: 1,
+            writers: 1,
+            buffer: RecvBuffer::new(),
+            window: RecvWindow::new(receive_window),
+            tuner: Tuner::default(),
+            send_credit: INITIAL_WINDOW,
+            data_mark: 0,
+            control_mark: 0,
+            credit_queued: false,
+            room_queued: false,
+            room_grant: None,
+            flush_queued: false,
+            write_wait: WriteWait::Idle,
+            read_waker: None,
+            write_waker: None,
+            flush_waker: None,
+        }
+    }
+
+    /// Whether this side may still send frames for the stream (nobody sent CloseStream).
+    pub(super) fn may_send_frames(&self) -> bool {
+        self.closed == Closed::No
+    }
+
+    /// Whether the peer may still send data (so returning credit is worth a frame).
+    pub(super) fn peer_may_send(&self) -> bool {
+        self.recv == RecvState::Open && self.closed == Closed::No
+    }
+
+    /// Why writing fails, if it does on the stream's own account.
+    pub(super) fn write_error(&self) -> Option<Error> {
+        match self.send {
+            SendState::Open => None,
+            SendState::Shut => Some(Error::WriteClosed),
+            SendState::PeerStopped => Some(Error::PeerReadClosed),
+        }
+    }
+
+    /// The peer sent CloseRead: no more data is coming.
+    pub(super) fn on_peer_shut(&mut self) {
+        if self.recv == RecvState::Open {
+            self.recv = RecvState::PeerShut;
+        }
+    }
+
+    /// The peer sent CloseWrite: it reads no more.
+    pub(super) fn on_peer_stopped(&mut self) {
+        if self.send == SendState::Open {
+            self.send = SendState::PeerStopped;
+        }
+    }
+
+    /// The peer sent CloseStream.
+    pub(super) fn on_peer_closed(&mut self) {
+        self.on_peer_shut();
+        self.on_peer_stopped();
+        if self.closed == Closed::No {
+            self.closed = Closed::ByPeer;
+        }
+    }
+
+    /// Every waiting task of the stream, to see a change that concerns them all.
+    pub(super) fn wake_all(&mut self, wakers: &mut Vec<Waker>) {
+        self.write_wait = WriteWait::Idle;
+        wakers.extend(self.read_waker.take());
+        wakers.extend(self.write_waker.take());
+        wakers.extend(self.flush_waker.take());
+    }
+
+    /// The writer, if it waits for `what`.
+    pub(super) fn wake_writer(&mut self, what: WriteWait, wakers: &mut Vec<Waker>) {
+        if self.write_wait == what {
+            self.write_wait = WriteWait::Idle;
+            wakers.extend(self.write_waker.take());
+        }
+    }
+
+    /// Registers the writer's waker as waiting for `what` (replacing any earlier one).
+    pub(super) fn wait_to_write(&mut self, what: WriteWait, waker: &Waker) {
+        self.write_wait = what;
+        register(&mut self.write_waker, waker);
+    }
+}
+
+/// Stores `waker` in `slot`, cloning only when it would wake a different task.
+pub(super) fn register(slot: &mut Option<Waker>, waker: &Waker) {
+    match slot {
+        Some(stored) if stored.will_wake(waker) => {}
+        _ => *slot = Some(waker.clone()),
+    }
+}

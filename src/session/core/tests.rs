@@ -1,0 +1,491 @@
+//! Unit tests of the core: frames in, frames out, with the time passed in, no runtime.
+
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::recv_buf::Source;
+use super::Inner;
+use crate::config::{Config, Role};
+use crate::error::{Error, ProtocolError};
+use crate::frame::{Frame, Header, Kind, HEADER_LEN};
+use crate::session::out_queue::OutQueue;
+
+/// A core with a clock the test moves by hand.
+struct Core {
+    inner: Inner,
+    now: Instant,
+}
+
+const SOURCE: Source = Source {
+    generation: 0,
+    capacity: 192 * 1024,
+};
+
+impl Core {
+    fn new(role: Role, config: Config) -> Core {
+        let now = Instant::now();
+        Core {
+            inner: Inner::new(role, config, now),
+            now,
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    fn open(&mut self) -> (usize, u32) {
+        match self.inner.poll_open(Waker::noop(), &mut None) {
+            Poll::Ready(Ok(opened)) => opened,
+            _ => panic!("open did not complete"),
+        }
+    }
+
+    fn frame(&mut self, frame: Frame) -> Result<(), Error> {
+        self.inner
+            .on_frame(frame, SOURCE, self.now, &mut Vec::new())
+    }
+
+    /// A server-side stream with id `id`, opened by the peer and accepted.
+    fn accepted(&mut self, id: u32) -> usize {
+        self.frame(Frame::control(id, Kind::OpenStream))
+            .expect("valid open");
+        let Poll::Ready(Ok((key, got))) = self.inner.poll_accept(Waker::noop(), &mut None) else {
+            panic!("stream not accepted");
+        };
+        assert_eq!(got, id);
+        key
+    }
+
+    fn read(&mut self, key: usize, max: usize) -> usize {
+        let mut storage = vec![0u8; max];
+        let mut buf = tokio::io::ReadBuf::new(&mut storage);
+        assert!(self
+            .inner
+            .poll_read(key, Waker::noop(), self.now, &mut buf)
+            .is_ready());
+        buf.filled().len()
+    }
+
+    /// The driver takes a batch and the transport takes all of it: the headers, in the order
+    /// written (payloads skipped).
+    fn sent(&mut self) -> Vec<Header> {
+        let (mut control, mut data) = (Vec::new(), OutQueue::new());
+        let mut wakers = Vec::new();
+        let batch = self
+            .inner
+            .take_batch(self.now, &mut control, &mut data, &mut wakers);
+        let mut bytes = control.clone();
+        bytes.extend_from_slice(&data.to_vec());
+        self.inner.written(
+            batch.data_start + data.len() as u64,
+            batch.control_end,
+            bytes.len() as u64,
+            &mut wakers,
+        );
+        headers(&bytes)
+    }
+
+    fn credit_sent(&mut self) -> u32 {
+        self.sent()
+            .iter()
+            .filter(|h| h.kind == Kind::WindowUpdate)
+            .map(|h| h.length)
+            .sum()
+    }
+}
+
+fn headers(mut rest: &[u8]) -> Vec<Header> {
+    let mut headers = Vec::new();
+    while rest.len() >= HEADER_LEN {
+        let mut raw = [0; HEADER_LEN];
+        raw.copy_from_slice(&rest[..HEADER_LEN]);
+        let header = Header::from_bytes(raw).expect("valid kind");
+        let payload = if header.kind == Kind::Data {
+            header.length as usize
+        } else {
+            0
+        };
+        rest = &rest[HEADER_LEN + payload..];
+        headers.push(header);
+    }
+    headers
+}
+
+fn kinds(headers: &[Header]) -> Vec<(u32, Kind)> {
+    headers.iter().map(|h| (h.id, h.kind)).collect()
+}
+
+#[test]
+fn ids_wrap_around_and_skip_live_ones() {
+    let mut core = Core::new(Role::Client, Config::default());
+    assert_eq!(core.open().1, 0);
+    core.inner.next_id = u32::MAX - 1;
+    assert_eq!(core.open().1, u32::MAX - 1);
+    // 0 is still live, so the wrap lands on 2.
+    assert_eq!(core.open().1, 2);
+}
+
+#[test]
+fn server_ids_are_odd_and_peer_parity_is_checked() {
+    let mut core = Core::new(Role::Server, Config::default());
+    assert_eq!(core.open().1, 1);
+    assert_eq!(core.open().1, 3);
+    let err = core
+        .frame(Frame::control(5, Kind::OpenStream))
+        .expect_err("a server must not accept odd ids from its peer");
+    assert!(matches!(
+        err,
+        Error::Protocol(ProtocolError::WrongParity { id: 5 })
+    ));
+}
+
+#[test]
+fn credit_is_returned_when_the_reader_empties_the_buffer() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = core.accepted(0);
+    core.frame(Frame::data(0, vec![7; 3000]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 1000), 1000);
+    assert!(
+        core.sent().is_empty(),
+        "no update while data is buffered and less than half a window is owed"
+    );
+    assert_eq!(core.read(key, 4000), 2000);
+    assert_eq!(
+        core.sent(),
+        vec![Header {
+            id: 0,
+            length: 3000,
+            kind: Kind::WindowUpdate
+        }]
+    );
+}
+
+#[test]
+fn writes_never_exceed_credit_and_use_partial_credit() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (key, id) = core.open();
+    let data = vec![1u8; 100_000];
+    let Poll::Ready(Ok(first)) = core.inner.poll_write(key, Waker::noop(), &data) else {
+        panic!("first write blocked");
+    };
+    assert_eq!(first, 65_536);
+    assert!(core
+        .inner
+        .poll_write(key, Waker::noop(), &data)
+        .is_pending());
+    core.frame(Frame::window_update(id, 10))
+        .expect("valid update");
+    let Poll::Ready(Ok(second)) = core.inner.poll_write(key, Waker::noop(), &data) else {
+        panic!("write with credit blocked");
+    };
+    assert_eq!(second, 10, "a partial frame uses whatever credit there is");
+    let data_lengths: Vec<u32> = core
+        .sent()
+        .iter()
+        .filter(|h| h.kind == Kind::Data)
+        .map(|h| h.length)
+        .collect();
+    assert_eq!(data_lengths, vec![65_536, 10]);
+}
+
+#[test]
+fn inbound_streams_beyond_the_backlog_are_refused() {
+    let mut core = Core::new(Role::Server, Config::default().accept_backlog(1));
+    for id in [0, 2, 4] {
+        core.frame(Frame::control(id, Kind::OpenStream))
+            .expect("valid open");
+    }
+    let refused: Vec<u32> = core
+        .sent()
+        .into_iter()
+        .filter(|h| h.kind == Kind::CloseStream)
+        .map(|h| h.id)
+        .collect();
+    assert_eq!(refused, vec![2, 4]);
+    assert_eq!(core.inner.stream_count(), 1);
+}
+
+#[test]
+fn dropping_the_last_handle_sends_close_stream_after_the_data() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (key, id) = core.open();
+    assert!(core.inner.poll_write(key, Waker::noop(), b"bye").is_ready());
+    core.inner.release(key, true, true);
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![
+            (id, Kind::OpenStream),
+            (id, Kind::Data),
+            (id, Kind::CloseStream)
+        ]
+    );
+    assert_eq!(core.inner.stream_count(), 0);
+    // Frames racing with the close are ignored.
+    core.frame(Frame::data(id, &b"late"[..])).expect("ignored");
+}
+
+/// Control frames go ahead of the data queued before them: a side whose writers keep the data
+/// queue full still returns credit, and refuses streams, at every batch.
+#[test]
+fn control_frames_go_out_ahead_of_queued_data() {
+    let config = Config::default().write_buffer_size(1024);
+    let mut core = Core::new(Role::Server, config);
+    let inbound = core.accepted(0);
+    let (outbound, out_id) = core.open();
+    // The writer fills the data queue past its size.
+    assert!(core
+        .inner
+        .poll_write(outbound, Waker::noop(), &[1; 4096])
+        .is_ready());
+    assert!(!core.inner.data_has_room());
+    // The peer sends, the application reads, and a refused open arrives.
+    core.frame(Frame::data(0, vec![2; 40_000]))
+        .expect("in credit");
+    assert_eq!(core.read(inbound, 40_000), 40_000);
+    core.inner.config.accept_backlog = 0;
+    core.frame(Frame::control(2, Kind::OpenStream))
+        .expect("refused, not an error");
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![
+            (0, Kind::WindowUpdate),
+            (2, Kind::CloseStream),
+            (out_id, Kind::OpenStream),
+            (out_id, Kind::Data),
+        ]
+    );
+}
+
+/// A close that would overtake the stream's data waits behind it; one for a stream with
+/// nothing queued goes with the control frames.
+#[test]
+fn closes_follow_their_data_and_otherwise_go_at_once() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (a, a_id) = core.open();
+    let (b, b_id) = core.open();
+    core.sent();
+    assert!(core.inner.poll_write(a, Waker::noop(), b"data").is_ready());
+    core.inner.shutdown(a);
+    core.inner.shutdown(b);
+    core.inner.close_read(a);
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![
+            (b_id, Kind::CloseRead),
+            (a_id, Kind::CloseWrite),
+            (a_id, Kind::Data),
+            (a_id, Kind::CloseRead),
+        ]
+    );
+}
+
+/// A stream's close is written as soon as its own bytes are, however much other streams
+/// queued behind them.
+#[test]
+fn a_stream_is_written_once_its_own_bytes_are() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (a, _) = core.open();
+    let (b, _) = core.open();
+    core.sent();
+    assert!(core
+        .inner
+        .poll_write(a, Waker::noop(), &[1; 100])
+        .is_ready());
+    let (mut control, mut data) = (Vec::new(), OutQueue::new());
+    let batch = core
+        .inner
+        .take_batch(core.now, &mut control, &mut data, &mut Vec::new());
+    // B writes behind A's batch, and A closes.
+    assert!(core
+        .inner
+        .poll_write(b, Waker::noop(), &[2; 100])
+        .is_ready());
+    core.inner.close_stream(a);
+    assert!(core.inner.poll_written(a, Waker::noop()).is_pending());
+    // The transport takes A's batch: A's data is written, its close (control) is not yet.
+    let mut wakers = Vec::new();
+    let end = batch.data_start + data.len() as u64;
+    core.inner.written(end, batch.control_end, 0, &mut wakers);
+    assert!(core.inner.poll_written(a, Waker::noop()).is_pending());
+    let headers = core.sent();
+    assert_eq!(headers[0].kind, Kind::CloseStream, "the close goes first");
+    assert!(core.inner.poll_written(a, Waker::noop()).is_ready());
+}
+
+/// Re-polling a waiting writer, flush or open replaces its registration; nothing accumulates.
+#[test]
+fn waiting_futures_hold_one_entry_each() {
+    let config = Config::default().write_buffer_size(16);
+    let mut core = Core::new(Role::Client, config);
+    let (key, id) = core.open();
+    assert!(core
+        .inner
+        .poll_write(key, Waker::noop(), &[0; 64])
+        .is_ready());
+    let mut slot = None;
+    for _ in 0..1000 {
+        assert!(core
+            .inner
+            .poll_write(key, Waker::noop(), &[0; 64])
+            .is_pending());
+        core.frame(Frame::window_update(id, 0)).expect("valid");
+        assert!(core.inner.poll_written(key, Waker::noop()).is_pending());
+        assert!(core.inner.poll_open(Waker::noop(), &mut slot).is_pending());
+    }
+    assert_eq!(core.inner.waiting_entries(), (2, 1));
+    core.inner.opener_gone(&mut slot);
+}
+
+#[test]
+fn the_control_queue_past_its_bound_stops_reading() {
+    let config = Config::default().accept_backlog(1).max_streams(4);
+    let mut core = Core::new(Role::Server, config);
+    let limit = core.inner.control_limit();
+    for i in 0..limit as u32 + 2 {
+        core.frame(Frame::control(2 * i, Kind::OpenStream))
+            .expect("valid open");
+    }
+    assert!(core.inner.control_over_limit());
+    core.sent();
+    assert!(!core.inner.control_over_limit());
+}
+
+const RTT: Duration = Duration::from_millis(10);
+
+/// Round 1 of every tuning case: the peer spends its whole initial window, the reader empties
+/// the buffer at once, the credit is written to a sender that had none, and one round trip
+/// passes. Returns the stream's key.
+fn first_round(core: &mut Core) -> usize {
+    let key = core.accepted(0);
+    core.frame(Frame::data(0, vec![7; 65_536]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 1 << 20), 65_536);
+    assert_eq!(core.credit_sent(), 65_536);
+    core.advance(RTT);
+    key
+}
+
+#[test]
+fn a_window_that_limits_a_fast_reader_doubles() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = first_round(&mut core);
+    // Round 2: the answer to credit given to a sender that had none measures the round trip;
+    // half the window arrived well within it, and the reader drains it at once.
+    core.frame(Frame::data(0, vec![7; 65_536]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 1 << 20), 65_536);
+    assert_eq!(
+        core.credit_sent(),
+        2 * 65_536,
+        "the consumed 64 KiB plus 64 KiB of new window"
+    );
+    assert_eq!(
+        core.inner.window_budget,
+        Config::default().receive_window_budget - 65_536
+    );
+    // Closing the stream gives the growth back to the session.
+    core.inner.release(key, true, true);
+    assert_eq!(
+        core.inner.window_budget,
+        Config::default().receive_window_budget
+    );
+}
+
+#[test]
+fn a_window_that_is_not_the_limit_stays() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = first_round(&mut core);
+    // The link (or the sender) delivers half a window per round trip: slower than the window
+    // allows, so a bigger one would not help.
+    for _ in 0..8 {
+        core.frame(Frame::data(0, vec![7; 16_384]))
+            .expect("in credit");
+        core.advance(RTT);
+        core.frame(Frame::data(0, vec![7; 16_384]))
+            .expect("in credit");
+        assert_eq!(core.read(key, 1 << 20), 32_768);
+        assert_eq!(core.credit_sent(), 32_768);
+        core.advance(RTT);
+    }
+    assert_eq!(
+        core.inner.window_budget,
+        Config::default().receive_window_budget
+    );
+}
+
+/// A Go sender sends a whole window in one frame whenever it has the credit: into an empty
+/// buffer. A reader that drains it slowly keeps its window.
+#[test]
+fn a_slow_reader_keeps_its_window_and_the_budget_caps_growth() {
+    let config = Config::default().receive_window_budget(65_536 + 1000);
+    let mut core = Core::new(Role::Server, config);
+    let key = first_round(&mut core);
+    for _ in 0..3 {
+        core.frame(Frame::data(0, vec![7; 65_536]))
+            .expect("in credit");
+        // A little at a time, over ten round trips.
+        for _ in 0..16 {
+            assert_eq!(core.read(key, 4096), 4096);
+            core.advance(RTT);
+        }
+        assert_eq!(core.credit_sent(), 65_536, "the window stays at 64 KiB");
+        core.advance(RTT);
+    }
+    assert_eq!(core.inner.window_budget, 65_536 + 1000);
+    // Now the reader keeps up: the window grows, by no more than the budget has left.
+    core.frame(Frame::data(0, vec![7; 65_536]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 1 << 20), 65_536);
+    assert_eq!(core.credit_sent(), 2 * 65_536);
+    assert_eq!(core.inner.window_budget, 1000);
+    core.advance(RTT);
+    for _ in 0..2 {
+        core.frame(Frame::data(0, vec![7; 65_536]))
+            .expect("in credit");
+    }
+    assert_eq!(core.read(key, 1 << 20), 2 * 65_536);
+    assert_eq!(core.credit_sent(), 2 * 65_536 + 1000);
+    assert_eq!(core.inner.window_budget, 0);
+}
+
+#[test]
+fn large_unread_payloads_are_copied_out_when_their_buffers_cost_too_much() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let mut keys = Vec::new();
+    for i in 0..64u32 {
+        keys.push(core.accepted(2 * i));
+        let source = Source {
+            generation: i,
+            capacity: 192 * 1024,
+        };
+        core.inner
+            .on_frame(
+                Frame::data(2 * i, Bytes::from(vec![i as u8; 16 * 1024])),
+                source,
+                core.now,
+                &mut Vec::new(),
+            )
+            .expect("in credit");
+        let buffered = core.inner.stats.buffered;
+        assert!(
+            core.inner.pinned() as u64 <= 2 * buffered + super::recv_buf::PIN_FLOOR as u64,
+            "pinned {} for {} buffered",
+            core.inner.pinned(),
+            buffered
+        );
+    }
+    for (i, key) in keys.into_iter().enumerate() {
+        let mut storage = vec![0u8; 32 * 1024];
+        let mut buf = tokio::io::ReadBuf::new(&mut storage);
+        assert!(core
+            .inner
+            .poll_read(key, Waker::noop(), core.now, &mut buf)
+            .is_ready());
+        assert_eq!(buf.filled(), &vec![i as u8; 16 * 1024][..]);
+    }
+}
