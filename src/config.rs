@@ -178,7 +178,9 @@ impl Config {
     }
 
     /// How long an ending session keeps trying to flush what is queued (and its CloseMux) into a
-    /// transport that does not accept writes before it gives up, default 10 s.
+    /// transport that does not accept writes before it gives up, default 10 s. After a close
+    /// this side started, it is also how long the session waits for the peer to close in turn
+    /// (see [`Session::close`](crate::Session::close)).
     #[must_use = "a setter returns the changed configuration"]
     pub fn close_timeout(mut self, timeout: Duration) -> Config {
         self.close_timeout = timeout;
@@ -242,5 +244,38 @@ impl Config {
     /// The configured maximum of live streams.
     pub fn max_streams_limit(&self) -> usize {
         self.max_streams
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finding 9: the setters clamp what their docs say they clamp. `max_streams` must stay
+    /// below the 2^31 ids of one parity, or the search for a free id could loop for ever.
+    #[test]
+    fn setters_clamp_to_their_documented_ranges() {
+        let config = Config::default()
+            .max_receive_window(u32::MAX)
+            .max_streams(usize::MAX)
+            .receive_window(1);
+        assert_eq!(config.max_receive_window, MAX_LENGTH_FIELD);
+        assert_eq!(config.max_streams, 1 << 30);
+        assert_eq!(config.receive_window, INITIAL_WINDOW);
+        let small = Config::default()
+            .receive_window(1 << 20)
+            .max_receive_window(1);
+        assert_eq!(
+            small.window_ceiling(),
+            1 << 20,
+            "never below receive_window"
+        );
+        assert_eq!(Config::default().max_streams(0).max_streams, 1);
+        assert_eq!(
+            Config::default()
+                .write_stall_timeout(Some(Duration::ZERO))
+                .write_stall_timeout,
+            None
+        );
     }
 }

@@ -53,7 +53,9 @@
 //!
 //! The driver never stops reading because the application is slow: received data goes into
 //! per-stream buffers bounded by the credit granted, inbound streams beyond the accept backlog
-//! are refused, and a transport that blocks writes does not block reads.
+//! are refused, and a transport that blocks writes does not block reads. It stops reading only
+//! while its queue of control frames is over its bound, which only a peer that does not read
+//! what this side sends can cause (see [`Config`], "Memory bounds").
 //!
 //! # Reading and writing
 //!
@@ -67,9 +69,12 @@
 //! Writes are coalesced: every writer appends frames to one outgoing queue of
 //! [`Config::write_buffer_size`] bytes (1 MiB), which the driver writes in large transport
 //! writes, whatever Nagle's algorithm is set to. Writers waiting for room in that queue are
-//! let in oldest first, so streams writing at once share the connection, and a small frame
-//! waits behind at most that queue and what the transport holds, never behind another stream's
-//! whole transfer.
+//! let in oldest first, with room kept for them, so streams writing at once share the
+//! connection, and a small frame waits behind at most that queue and what the transport holds,
+//! never behind another stream's whole transfer. Control frames (credit returned, refusals,
+//! closes of streams with nothing queued, keepalives) have a queue of their own, which the
+//! driver writes ahead of the data at the start of every batch: a side busy sending keeps
+//! returning credit for what it receives.
 //!
 //! # Flow control
 //!
@@ -93,8 +98,10 @@
 //! | `shutdown()` (`AsyncWriteExt`) | CloseRead | can still read | reads end-of-stream after the data |
 //! | [`Stream::close_read`] | CloseWrite | reads end, arriving data discarded | its writes fail |
 //! | [`Stream::close`] | CloseStream | both ways closed; waits until written | reads end-of-stream, writes fail |
+//! | dropping the [`WriteHalf`](stream::WriteHalf) | CloseRead | can still read | as for `shutdown()` |
+//! | dropping the [`ReadHalf`](stream::ReadHalf) | CloseWrite | can still write | as for `close_read` |
 //! | dropping the `Stream` (both halves) | CloseStream | | as for `close` |
-//! | [`Session::close`] | CloseMux, then the transport is shut down | every stream fails with [`Error::ClosedLocally`] (buffered data stays readable) | [`Error::ClosedByPeer`] |
+//! | [`Session::close`] | CloseMux; the transport is shut down for writing, then read until the peer's CloseMux or end of file | every stream fails with [`Error::ClosedLocally`] (buffered data stays readable) | [`Error::ClosedByPeer`] |
 //!
 //! Data written before any of these is queued ahead of the close, so it is delivered unless
 //! the transport fails. `flush` and `shutdown` return once it is queued, as on a socket (but
@@ -134,7 +141,8 @@
 //! | [`max_payload`](Config::max_payload) | 64 KiB | largest Data frame sent or accepted (Go's limit) |
 //! | [`keepalive_interval`](Config::keepalive_interval) | 30 s | silence before a Keepalive is sent |
 //! | [`idle_timeout`](Config::idle_timeout) | off | silence from the peer before the session ends |
-//! | [`close_timeout`](Config::close_timeout) | 10 s | how long a closing session tries to flush |
+//! | [`close_timeout`](Config::close_timeout) | 10 s | how long a closing session tries to flush, and waits for the peer to close |
+//! | [`write_stall_timeout`](Config::write_stall_timeout) | off | how long the transport may take nothing of what waits for it |
 //!
 //! An idle stream costs about 210 bytes per end, handles included, and holds no buffer until
 //! data arrives.

@@ -12,6 +12,9 @@
 //!   has reached the transport.
 //! - Dropping the stream (both halves, if split) closes it like `close` without waiting. Data
 //!   already written is queued ahead of the close, so nothing is lost.
+//! - Dropping only the [`WriteHalf`] shuts writing down, as `shutdown` does (as tokio's
+//!   `OwnedWriteHalf` does on drop); dropping only the [`ReadHalf`] stops reading, as
+//!   [`Stream::close_read`] does, so a peer waiting for credit learns that nobody reads.
 //!
 //! # Flushing
 //!

@@ -772,10 +772,11 @@ impl AsyncWrite for OpenFlood {
 
 /// Finding 4: a server with `write_buffer_size` 64 KiB and `max_streams` 16 whose peer opens
 /// 500,000 streams (4 MB of OpenStream frames) and never reads; the application accepts each
-/// stream and drops it at once, so each costs an 8-byte CloseStream. The outgoing queue is
-/// documented to hold about `2 × (write_buffer_size + max_payload) + 8 × max_streams` bytes
-/// (262,272 here); once the close frames reach that, the session must stop reading (as it does
-/// for refusals) rather than queue a close for every open the peer sends. Checked twice: what
+/// stream and drops it at once, so each costs an 8-byte CloseStream. The control queue is
+/// documented (`Config`, "Memory bounds") to hold at most
+/// `8 × (accept_backlog + 5 × max_streams)` bytes (8,832 here); once the close frames reach
+/// its bound, the session must stop reading (as it does for refusals) rather than queue a
+/// close for every open the peer sends. (The first core read all 4 MB.) Checked twice: what
 /// the session read of the flood must stay within that bound plus a read buffer (64 KiB), and
 /// the memory live at the peak within the bound plus 1 MiB for everything else (read buffer,
 /// stream table, tasks).
@@ -784,13 +785,14 @@ async fn close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound() 
     const OPENS: u32 = 500_000;
     const WRITE_BUFFER: usize = 64 * KIB;
     const MAX_STREAMS: usize = 16;
-    const MAX_PAYLOAD: usize = 64 * KIB;
-    let queue_bound = 2 * (WRITE_BUFFER + MAX_PAYLOAD) + HEADER_LEN * MAX_STREAMS;
+    const ACCEPT_BACKLOG: usize = 1024;
+    let queue_bound = HEADER_LEN * (ACCEPT_BACKLOG + 5 * MAX_STREAMS);
     let read_bound = queue_bound + 64 * KIB;
     let memory_bound = queue_bound + MIB;
     let config = Config::default()
         .write_buffer_size(WRITE_BUFFER)
-        .max_streams(MAX_STREAMS);
+        .max_streams(MAX_STREAMS)
+        .accept_backlog(ACCEPT_BACKLOG);
     start_counting();
     let fed = Arc::new(AtomicUsize::new(0));
     let peer = OpenFlood {

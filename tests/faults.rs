@@ -11,6 +11,7 @@
 //! sides really run at once.
 
 mod common;
+mod link;
 
 use std::io;
 use std::time::Duration;
@@ -334,6 +335,67 @@ async fn idle_timeout_fires_while_writes_stall() {
     assert!(is_timed_out(
         &outcome.expect("no panic").expect_err("outcome")
     ));
+}
+
+/// Finding 9: a peer that keeps the connection open but stops reading is detected. With a
+/// write-stall timeout, a transport that takes none of the waiting bytes for that long ends the
+/// session with `WriteStalled`, and a writer waiting for room learns it, instead of every
+/// writer waiting for ever (as they do with the timeout off, the default).
+#[tokio::test(start_paused = true)]
+async fn a_transport_that_takes_nothing_for_the_write_stall_timeout_ends_the_session() {
+    const STALL: Duration = Duration::from_secs(5);
+    let config = Config::default()
+        .write_stall_timeout(Some(STALL))
+        .write_buffer_size(4 * KIB);
+    let (session, driver, _raw) = stalled(config);
+    let mut stream = within("open", session.open()).await.expect("open");
+    let start = Instant::now();
+    let data = pattern(9, 2 * WINDOW);
+    let write = stream.write_all(&data);
+    let error = stream_error(
+        within_for(STALL + PROMPT, "the stalled write", write).await,
+        "a write into a stalled transport",
+    );
+    assert!(matches!(error, Error::WriteStalled), "{error:?}");
+    assert!(start.elapsed() >= STALL, "not before the timeout");
+    assert!(matches!(session.close_reason(), Some(Error::WriteStalled)));
+    let outcome = within_for(PROMPT, "driver", driver)
+        .await
+        .expect("no panic");
+    assert!(matches!(outcome, Err(Error::WriteStalled)), "{outcome:?}");
+}
+
+/// A slow link is no stall: a transfer that takes many times the write-stall timeout, over a
+/// link that takes a little at a time, completes.
+#[tokio::test(start_paused = true)]
+async fn a_slow_link_that_keeps_taking_bytes_is_not_a_stall() {
+    const STALL: Duration = Duration::from_millis(500);
+    let link = link::Link {
+        latency: Duration::from_millis(20),
+        bandwidth: 100_000,
+        buffer: 16 * KIB,
+    };
+    let (a, b) = link.pair();
+    let config = Config::default().write_stall_timeout(Some(STALL));
+    let client = Session::with_config(a, Role::Client, config.clone());
+    let server = Session::with_config(b, Role::Server, config);
+    spawn_echo(server.clone());
+    let data = pattern(10, 400 * KIB);
+    let stream = within("open", client.open()).await.expect("open");
+    let started = Instant::now();
+    let echoed = within_for(VIRTUAL_STEP, "the echo", round_trip(stream, &data)).await;
+    assert_same(&echoed, &data, "the echo over a slow link");
+    assert!(
+        started.elapsed() > 10 * STALL,
+        "the transfer took {:?}: long enough that a stall timer that ignored progress would \
+         have fired",
+        started.elapsed()
+    );
+    assert!(
+        client.close_reason().is_none(),
+        "{:?}",
+        client.close_reason()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

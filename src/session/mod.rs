@@ -171,8 +171,11 @@ impl Session {
     }
 
     /// Closes the session gracefully: what is already written is flushed, then CloseMux, then
-    /// the transport is shut down. Streams fail with [`Error::ClosedLocally`] from now on, but
-    /// data they hold stays readable.
+    /// the transport is shut down for writing, and read (discarding what arrives) until the
+    /// peer's CloseMux or end of file, so that the peer is not reset while it reads our last
+    /// frames. A Go peer, and this crate, close the connection as soon as they read the
+    /// CloseMux; a peer that keeps it open makes `close` wait for the close timeout. Streams
+    /// fail with [`Error::ClosedLocally`] from now on, but data they hold stays readable.
     ///
     /// # Errors
     ///

@@ -489,3 +489,19 @@ fn large_unread_payloads_are_copied_out_when_their_buffers_cost_too_much() {
         assert_eq!(buf.filled(), &vec![i as u8; 16 * 1024][..]);
     }
 }
+
+/// The round-trip probe starts when the driver writes the credit, not when it was queued:
+/// time the credit spent behind this side's own queue is no part of the round trip.
+#[test]
+fn the_round_trip_probe_starts_when_the_credit_is_written() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = core.accepted(0);
+    core.frame(Frame::data(0, vec![7; 65_536]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 1 << 20), 65_536, "the credit is queued now");
+    core.advance(Duration::from_millis(50));
+    assert_eq!(core.credit_sent(), 65_536, "and written 50 ms later");
+    core.advance(Duration::from_millis(10));
+    core.frame(Frame::data(0, vec![7; 100])).expect("in credit");
+    assert_eq!(core.inner.min_rtt, Some(10_000));
+}
