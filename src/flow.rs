@@ -101,8 +101,9 @@ impl RecvWindow {
 /// A window is too small when it, rather than the link, the sender or the reader, limits the
 /// stream: the sender then sends a window's worth in a burst and waits a round trip for credit.
 /// The rule (a stricter form of the one QUIC and HTTP/2 stacks use): when half a window arrives
-/// within one round trip *and* the application drains the buffer (to a quarter of the window)
-/// within one round trip of that, double the window. A stream limited by its link receives half
+/// within one round trip into a buffer the application keeps nearly empty (a quarter of the
+/// window at most), *and* the application drains the buffer to that again within one round
+/// trip, double the window. A stream limited by its link receives half
 /// a window more slowly once the window covers two round trips; a stream whose sender has
 /// little to send receives slowly; a stream whose reader is slow is not drained in time: all
 /// three keep their window. (Judged on arrival alone, as it once was, a Go sender, which sends
@@ -122,13 +123,16 @@ impl RecvWindow {
 pub(crate) struct Tuner {
     /// When credit was written to the peer while it had none; cleared by the next Data.
     probe_at: u64,
-    /// When the current measurement of arrivals began, and what arrived since.
+    /// When the current measurement of arrivals began, and what arrived since; or, with
+    /// `epoch_received` at [`LIMITED`], when half a window last arrived within a round trip
+    /// (the window grows if the reader drains the buffer within a round trip of this; arrivals
+    /// are not measured meanwhile).
     epoch_at: u64,
     epoch_received: u32,
-    /// When half a window last arrived within a round trip: the window grows if the reader
-    /// drains the buffer within a round trip of this.
-    limited_at: u64,
 }
+
+/// `Tuner::epoch_received` while the tuner waits to see the reader drain a burst.
+const LIMITED: u32 = u32::MAX;
 
 impl Tuner {
     /// Credit is being written to a peer that holds `peer_credit`: start a round-trip probe if
@@ -139,11 +143,13 @@ impl Tuner {
         }
     }
 
-    /// `n` bytes of data arrived on a stream whose window is `target`; `rtt` is the session's
-    /// round-trip estimate. Returns the round trip this frame completes, if a probe was running.
+    /// `n` bytes of data arrived on a stream whose window is `target` and whose buffer held
+    /// `buffered` bytes before them; `rtt` is the session's round-trip estimate. Returns the
+    /// round trip this frame completes, if a probe was running.
     pub(crate) fn on_data(
         &mut self,
         n: u32,
+        buffered: u32,
         target: u32,
         rtt: Option<u64>,
         now: u64,
@@ -152,6 +158,13 @@ impl Tuner {
         if self.probe_at != 0 {
             sample = Some(now.saturating_sub(self.probe_at));
             self.probe_at = 0;
+        }
+        if self.epoch_received == LIMITED {
+            let waiting = rtt.is_some_and(|rtt| now.saturating_sub(self.epoch_at) < rtt);
+            if waiting {
+                return sample;
+            }
+            self.epoch_at = 0;
         }
         if self.epoch_at == 0 {
             self.epoch_at = now;
@@ -162,8 +175,12 @@ impl Tuner {
             let elapsed = now.saturating_sub(self.epoch_at);
             // The next epoch starts with the next frame.
             self.epoch_at = 0;
-            if rtt.or(sample).is_some_and(|rtt| elapsed < rtt) {
-                self.limited_at = now;
+            self.epoch_received = 0;
+            // Without the reader keeping up at arrival, loopback windows grew to several MiB
+            // and made one stream slower: larger batches run out of cache (BENCHMARKS.md).
+            if buffered <= target / 4 && rtt.or(sample).is_some_and(|rtt| elapsed < rtt) {
+                self.epoch_at = now;
+                self.epoch_received = LIMITED;
             }
         }
         sample
@@ -172,12 +189,13 @@ impl Tuner {
     /// The application read, leaving the buffer `low` (at most a quarter of the window) or not.
     /// True when that completes the rule: the window should grow.
     pub(crate) fn on_read(&mut self, low: bool, rtt: Option<u64>, now: u64) -> bool {
-        if self.limited_at == 0 {
+        if self.epoch_received != LIMITED {
             return false;
         }
-        let in_time = rtt.is_some_and(|rtt| now.saturating_sub(self.limited_at) < rtt);
+        let in_time = rtt.is_some_and(|rtt| now.saturating_sub(self.epoch_at) < rtt);
         if !in_time || low {
-            self.limited_at = 0;
+            self.epoch_at = 0;
+            self.epoch_received = 0;
         }
         in_time && low
     }
@@ -255,21 +273,21 @@ mod tests {
     fn a_round_trip_is_measured_from_credit_to_a_sender_that_had_none() {
         let mut tuner = Tuner::default();
         let target = 1 << 20;
-        assert_eq!(tuner.on_data(10, target, None, 5), None);
+        assert_eq!(tuner.on_data(10, 0, target, None, 5), None);
         tuner.on_credit(100, 10);
         assert_eq!(
-            tuner.on_data(10, target, None, 20),
+            tuner.on_data(10, 0, target, None, 20),
             None,
             "the peer had credit: data may be in flight"
         );
         tuner.on_credit(0, 30);
         tuner.on_credit(0, 35);
         assert_eq!(
-            tuner.on_data(10, target, None, 80),
+            tuner.on_data(10, 0, target, None, 80),
             Some(50),
             "measured from the first grant"
         );
-        assert_eq!(tuner.on_data(10, target, None, 90), None);
+        assert_eq!(tuner.on_data(10, 0, target, None, 90), None);
     }
 
     #[test]
@@ -278,18 +296,18 @@ mod tests {
         let target = INITIAL_WINDOW;
         let rtt = Some(20);
         // Half the window in 15 µs, round trip 20 µs, and the reader drains it at once.
-        tuner.on_data(16_384, target, rtt, 1);
+        tuner.on_data(16_384, 0, target, rtt, 1);
         assert!(!tuner.on_read(true, rtt, 2), "not half a window yet");
-        tuner.on_data(16_384, target, rtt, 16);
+        tuner.on_data(16_384, 0, target, rtt, 16);
         assert!(tuner.on_read(true, rtt, 17));
         assert!(!tuner.on_read(true, rtt, 18), "once per burst");
         // Half the window in 30 µs: the link or the sender limits, not the window.
-        tuner.on_data(16_384, target, rtt, 100);
-        tuner.on_data(16_384, target, rtt, 130);
+        tuner.on_data(16_384, 0, target, rtt, 100);
+        tuner.on_data(16_384, 0, target, rtt, 130);
         assert!(!tuner.on_read(true, rtt, 131));
         // No round trip measured yet: never.
         let mut unmeasured = Tuner::default();
-        unmeasured.on_data(65_536, target, None, 1);
+        unmeasured.on_data(65_536, 0, target, None, 1);
         assert!(!unmeasured.on_read(true, None, 2));
     }
 
@@ -299,7 +317,7 @@ mod tests {
         let target = INITIAL_WINDOW;
         let rtt = Some(20);
         // A Go sender's whole window in one frame, into an empty buffer...
-        tuner.on_data(65_536, target, rtt, 100);
+        tuner.on_data(65_536, 0, target, rtt, 100);
         // ...read a little at a time: the buffer is not low within the round trip.
         assert!(!tuner.on_read(false, rtt, 110));
         assert!(!tuner.on_read(false, rtt, 119));

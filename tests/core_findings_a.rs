@@ -842,3 +842,126 @@ async fn close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound() 
     );
     acceptor.abort();
 }
+
+/// Finding 1, at the granularity the issue asks for: control frames go out ahead of data at
+/// every transport write, not only at the start of the next batch. A 512 KiB batch is being
+/// written into a connection that holds 16 KiB; meanwhile the application reads another stream
+/// and owes its credit. The peer then reads the connection and counts the data that comes
+/// before the WindowUpdate: at most what was already in the connection, plus the data up to
+/// the next recorded frame start (one 64 KiB frame here), plus one write. Taken only with the
+/// next batch, as the second core first did, it came after the whole 512 KiB.
+#[tokio::test(start_paused = true)]
+async fn credit_owed_in_the_middle_of_a_batch_goes_out_at_the_next_frame() {
+    const BULK: usize = 512 * KIB;
+    let (io, peer) = tokio::io::duplex(16 * KIB);
+    let session = Session::with_config(io, Role::Client, Config::default());
+    let mut raw = RawPeer {
+        framed: tokio_util::codec::Framed::new(peer, gomux::codec::FrameCodec::new()),
+    };
+    let mut bulk = within("open", session.open()).await.expect("open");
+    assert_eq!(
+        raw.recv().await.map(|f| f.header.kind),
+        Some(Kind::OpenStream)
+    );
+    raw.send(Frame::window_update(0, MIB as u32)).await;
+    let writer = tokio::spawn(async move {
+        bulk.write_all(&vec![7; BULK]).await.expect("bulk write");
+        bulk
+    });
+    sleep(Duration::from_millis(10)).await;
+    // The whole bulk is queued and the driver is writing it: the connection is full.
+    raw.send(Frame::control(1, Kind::OpenStream)).await;
+    raw.send(Frame::data(1, vec![1; 32 * KIB])).await;
+    let mut inbound = within("accept", session.accept()).await.expect("accept");
+    let mut got = vec![0; 32 * KIB];
+    within("read", inbound.read_exact(&mut got))
+        .await
+        .expect("read");
+    // The credit for those 32 KiB is owed now.
+    let mut data_before = 0;
+    loop {
+        let frame = raw.recv().await.expect("a frame");
+        match (frame.header.kind, frame.header.id) {
+            (Kind::WindowUpdate, 1) => break,
+            (Kind::Data, 0) => data_before += frame.payload.len(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let bound = 16 * KIB + 64 * KIB + 64 * KIB;
+    assert!(
+        data_before <= bound,
+        "{data_before} bytes of the bulk went out before the credit owed (bound {bound})"
+    );
+    writer.abort();
+}
+
+/// Sends 8 MiB from the client to the server on one stream over `LAN`, while the server writes
+/// without pause on `outgoing` streams of its own; returns the stream's rate in bytes per
+/// second of virtual time. The server returns the credit for the 8 MiB while its own writers
+/// keep its data queue full.
+async fn reverse_rate(outgoing: usize) -> f64 {
+    const TOTAL: usize = 8 * MIB;
+    let (a, b) = LAN.pair();
+    let client = Session::with_config(a, Role::Client, Config::default());
+    let server = Session::with_config(b, Role::Server, Config::default());
+    for _ in 0..outgoing {
+        let mut stream = within("open", server.open()).await.expect("open");
+        tokio::spawn(async move {
+            let chunk = vec![1; 64 * KIB];
+            while stream.write_all(&chunk).await.is_ok() {}
+        });
+    }
+    let sink = client.clone();
+    tokio::spawn(async move {
+        while let Ok(mut stream) = sink.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0; 64 * KIB];
+                while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+            });
+        }
+    });
+    sleep(Duration::from_secs(1)).await;
+    let reader = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            let mut stream = server.accept().await.expect("accept");
+            let mut buf = vec![0; 64 * KIB];
+            let mut received = 0;
+            while received < TOTAL {
+                received += stream.read(&mut buf).await.expect("read");
+            }
+        })
+    };
+    let start = tokio::time::Instant::now();
+    let mut stream = within("open", client.open()).await.expect("open");
+    let chunk = vec![2; 64 * KIB];
+    for _ in 0..TOTAL / chunk.len() {
+        stream.write_all(&chunk).await.expect("write");
+    }
+    within_for(Duration::from_secs(600), "the reverse stream", reader)
+        .await
+        .expect("the reader finishes");
+    TOTAL as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Finding 1, below the threshold: a stream towards a side that is busy sending on 16 streams
+/// of its own keeps most of the rate it has alone, since the busy side's credit goes out at
+/// every write, not behind its data. On `LAN` (paused time, so the ratio is a property of the
+/// protocol logic): the first core 0.33 of the rate alone (as the review measured), credit
+/// once a batch 0.67, at every write 0.83; what is left is the link's own queue, which the
+/// credit waits behind as TCP's acknowledgements would.
+#[tokio::test(start_paused = true)]
+async fn a_stream_towards_a_busy_side_keeps_its_rate() {
+    let alone = reverse_rate(0).await;
+    let beside = reverse_rate(16).await;
+    println!(
+        "reverse stream: {:.2} MB/s alone, {:.2} MB/s beside 16 outgoing streams ({:.2})",
+        alone / 1e6,
+        beside / 1e6,
+        beside / alone
+    );
+    assert!(
+        beside >= 0.75 * alone,
+        "{beside:.0} B/s beside 16 outgoing streams, {alone:.0} B/s alone"
+    );
+}

@@ -10,10 +10,31 @@
 //! an operation that can make no progress is seen at once: the runtime jumps to the operation's
 //! deadline instead of waiting for it.
 //!
+//! Each case also draws a configuration (both sessions get the same): the outgoing queue's
+//! `write_buffer_size` (tiny, 1 to 64 bytes, so that nearly every frame waits for room; 4 KiB;
+//! or the default 1 MiB) and the `receive_window_budget` (none, 256 KiB or the default 64 MiB),
+//! which with the receive window bounds the memory a session may hold.
+//!
 //! Operations never wait for the other side: each is given a short virtual deadline and counts
 //! what it did by then (a write that was cut short queued exactly what it reported, since writes
-//! are cancel safe). At the end every end shuts down its writing, reads everything left, and all
-//! handles are dropped. The invariants:
+//! are cancel safe). Besides opening, accepting, reading, writing and closing, a case can
+//!
+//! - stall one side's transport writes for a while (virtual time, at most 2 s, well within the
+//!   close timeout) or lift the stall early: the side's outgoing queue fills and its writers,
+//!   openers and closers wait; every case lifts all stalls before its final steps;
+//! - move bulk data in both directions at once (`Op::Bulk`): several writers, on both sides, on
+//!   the same or different streams, write while every end involved reads, and a writer may
+//!   close its stream once it is done, all in one task that polls everything;
+//! - poll a pending operation (write, read, flush, open, stream close) hundreds of times with
+//!   the same waker, as a `select!` loop or a combinator would (`Op::Repoll`).
+//!
+//! Two properties run these: the first mixes every operation (bulk transfers of up to 192 KiB
+//! per writer); the second opens a few streams and runs bulk transfers of up to 3 MiB per
+//! writer, three to six writers at once, with stalls between them: large enough for the
+//! progress bound below to bite when the queues are small.
+//!
+//! At the end every end shuts down its writing, reads everything left, and all handles are
+//! dropped. The invariants:
 //!
 //! - what an end reads is always a prefix of what its peer's writes reported (nothing lost from
 //!   the middle, duplicated, reordered or mixed between streams);
@@ -22,44 +43,179 @@
 //!   queued before a close, a drop or the peer's session close still arrives;
 //! - a write fails only for a reason (this end closed its writing, the peer closed its reading,
 //!   a session ended), and always fails once this end closed its writing;
-//! - nothing waits longer than its bound, and both stream tables are empty at the end.
+//! - nothing waits longer than its bound, and both stream tables are empty at the end;
+//! - every inbound stream keeps making progress while its reader reads: in a bulk transfer, a
+//!   reader whose peer still writes (or whose data is still on its way) receives something
+//!   before the connection has carried [`Model::progress_bound`] bytes of other traffic, and a
+//!   `Stream::close` started meanwhile finishes within the same allowance (traffic is counted
+//!   only while no transport is stalled);
+//! - the session's memory stays within the documented bound (`Config` docs): after every
+//!   operation, for each session, `buffered ≤ live_streams × receive_window + budget` and
+//!   `peak_buffered ≤ (streams opened + accepted) × receive_window + budget`, and each stream
+//!   holds at most `receive_window + budget`;
+//! - polling a pending operation again with the same waker registers nothing new: the test's
+//!   thread allocates at most [`REPOLL_SLACK`] bytes over [`REPOLLS`] polls (a counting global
+//!   allocator measures it; the runtime, the sessions and the test all run on that thread).
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::{poll_fn, Future};
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use common::{gomux_error, pattern};
+use gomux::frame::{INITIAL_WINDOW, MAX_PAYLOAD};
 use gomux::{Config, Error, Role, Session, Stream};
 use proptest::prelude::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
-use tokio::time::timeout;
+use tokio::time::{timeout, Instant, Sleep};
 
 /// Deadline of one operation: once every task waits, time jumps here.
 const OP: Duration = Duration::from_millis(5);
 /// Deadline of a step that must finish (a close, the final reads): a hang if reached.
 const MUST: Duration = Duration::from_secs(120);
+/// The receive window of every stream (the default).
+const WINDOW: u64 = INITIAL_WINDOW as u64;
+/// `Config::default().receive_window_budget`.
+const DEFAULT_BUDGET: u64 = 64 * 1024 * 1024;
+/// Polls of one pending operation in `Op::Repoll`.
+const REPOLLS: usize = 256;
+/// What those polls may allocate after the first one (a registration that piles up costs at
+/// least a waker, 16 bytes, per poll: 4 KiB and more).
+const REPOLL_SLACK: i64 = 1024;
+/// Polls of one bulk transfer before it counts as spinning: this many, plus one per byte.
+const BULK_POLLS: u64 = 1_000_000;
+/// Transport calls in one case before it counts as spinning (the transport then fails).
+const TRANSPORT_CALLS: u64 = 20_000_000;
 
 // ---------------------------------------------------------------------------------------------
-// A transport that cuts I/O into small pieces.
+// Counting the test thread's memory.
+
+/// The system allocator, keeping a per-thread count of live bytes.
+struct CountingAllocator;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+thread_local! {
+    /// Bytes allocated minus bytes freed on this thread.
+    static LIVE: Cell<i64> = const { Cell::new(0) };
+}
+
+fn note(delta: i64) {
+    // `try_with`: the thread's locals may be gone while it exits.
+    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
+}
+
+fn live_bytes() -> i64 {
+    LIVE.with(Cell::get)
+}
+
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size() as i64);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size() as i64);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note(-(layout.size() as i64));
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size as i64 - layout.size() as i64);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A transport that cuts I/O into small pieces, and can stall its writes.
+
+/// A stall of one transport's writes: until when, and the task to wake when it is lifted early.
+#[derive(Default)]
+struct StallState {
+    until: Option<Instant>,
+    waker: Option<Waker>,
+}
+
+/// The switch of one side's stall, shared by the model and that side's transport.
+#[derive(Clone, Default)]
+struct Stall(Arc<Mutex<StallState>>);
+
+impl Stall {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StallState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stalls writes until `until` (extending a stall under way).
+    fn set(&self, until: Instant) {
+        let mut state = self.lock();
+        state.until = Some(state.until.map_or(until, |u| u.max(until)));
+    }
+
+    /// Lifts the stall now.
+    fn clear(&self) {
+        let waker = {
+            let mut state = self.lock();
+            state.until = None;
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Whether writes are stalled now.
+    fn active(&self) -> bool {
+        self.lock().until.is_some_and(|u| Instant::now() < u)
+    }
+
+    /// Whether writes were stalled at some time after `start`.
+    fn active_since(&self, start: Instant) -> bool {
+        self.lock().until.is_some_and(|u| start < u)
+    }
+}
 
 /// A pipe end that reads and writes at most a random, small number of bytes per call and now
 /// and then answers "not yet" (waking itself), so frames arrive in pieces and wake-ups between
-/// the pieces are exercised.
+/// the pieces are exercised. While its stall is on, writes wait (woken when the stall ends).
 struct Chopped {
     inner: DuplexStream,
     rng: u64,
     max: usize,
+    stall: Stall,
+    /// Armed while a stall is waited out.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Calls so far in this case, over both transports.
+    calls: Arc<AtomicU64>,
 }
 
 impl Chopped {
-    fn new(inner: DuplexStream, seed: u64, max: usize) -> Chopped {
+    fn new(
+        inner: DuplexStream,
+        seed: u64,
+        max: usize,
+        stall: Stall,
+        calls: Arc<AtomicU64>,
+    ) -> Chopped {
         Chopped {
             inner,
             rng: seed | 1,
             max,
+            stall,
+            sleep: None,
+            calls,
         }
     }
 
@@ -68,6 +224,14 @@ impl Chopped {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         self.rng
+    }
+
+    /// Fails once the case has called its transports implausibly often: a spin.
+    fn count(&self) -> io::Result<()> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) >= TRANSPORT_CALLS {
+            return Err(io::Error::other("transport called too often: a spin"));
+        }
+        Ok(())
     }
 
     /// How much this call may move; `None` to answer "not yet".
@@ -79,6 +243,33 @@ impl Chopped {
         }
         Some(1 + (r >> 8) as usize % self.max)
     }
+
+    /// `Pending` while the stall is on (woken when it ends or is lifted).
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let until = {
+            let mut state = self.stall.lock();
+            match state.until {
+                Some(until) if Instant::now() < until => {
+                    state.waker = Some(cx.waker().clone());
+                    until
+                }
+                _ => {
+                    state.until = None;
+                    return Poll::Ready(());
+                }
+            }
+        };
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if sleep.deadline() != until {
+            sleep.as_mut().reset(until);
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for Chopped {
@@ -87,6 +278,7 @@ impl AsyncRead for Chopped {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.count()?;
         let Some(n) = self.piece(cx) else {
             return Poll::Pending;
         };
@@ -107,6 +299,10 @@ impl AsyncWrite for Chopped {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.count()?;
+        if self.poll_stall(cx).is_pending() {
+            return Poll::Pending;
+        }
         let Some(n) = self.piece(cx) else {
             return Poll::Pending;
         };
@@ -125,6 +321,31 @@ impl AsyncWrite for Chopped {
 
 // ---------------------------------------------------------------------------------------------
 // Operations and the model.
+
+/// What `Op::Repoll` polls again and again.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    /// `write` of this many bytes (pending when the queue is full or credit is spent).
+    Write(usize),
+    /// `read` (pending when nothing is buffered).
+    Read,
+    /// `flush` (pending after a session close, until the stream's bytes are written).
+    Flush,
+    /// `Session::open` (pending when the queue is full).
+    Open,
+    /// `Stream::close` (pending until the stream's bytes are written).
+    Close,
+}
+
+/// One writer of a bulk transfer.
+#[derive(Debug, Clone)]
+struct BulkWrite {
+    side: usize,
+    stream: usize,
+    len: usize,
+    /// Close the stream (`Stream::close`) once everything is written.
+    close: bool,
+}
 
 /// One step of a case. `side` 0 is the client, 1 the server; `stream` picks among the streams
 /// opened so far (modulo their number).
@@ -165,11 +386,64 @@ enum Op {
     SessionClose {
         side: usize,
     },
+    /// Stall `side`'s transport writes for `ms` milliseconds of virtual time.
+    Stall {
+        side: usize,
+        ms: u64,
+    },
+    /// Lift `side`'s stall.
+    Unstall {
+        side: usize,
+    },
+    /// Both sides write at once while every end involved reads.
+    Bulk {
+        writers: Vec<BulkWrite>,
+    },
+    Repoll {
+        side: usize,
+        stream: usize,
+        what: Pending,
+    },
 }
 
-fn op(max_write: usize) -> impl Strategy<Value = Op> {
+/// Bulk writers, as many as `writers` says: the first on side 0, the second on side 1, the
+/// others on either, each of `len` bytes, some (`close` of them) closing their stream once done.
+fn bulk(
+    streams: usize,
+    writers: std::ops::RangeInclusive<usize>,
+    len: impl Strategy<Value = usize>,
+    close: f64,
+) -> impl Strategy<Value = Op> {
+    let writer = (0..2usize, 0..streams, len, proptest::bool::weighted(close)).prop_map(
+        |(side, stream, len, close)| BulkWrite {
+            side,
+            stream,
+            len,
+            close,
+        },
+    );
+    proptest::collection::vec(writer, writers).prop_map(|mut writers| {
+        writers[0].side = 0;
+        writers[1].side = 1;
+        Op::Bulk { writers }
+    })
+}
+
+fn stall() -> impl Strategy<Value = Op> {
+    (0..2usize, prop_oneof![1..20u64, 20..500u64, 500..=2000u64])
+        .prop_map(|(side, ms)| Op::Stall { side, ms })
+}
+
+fn op(max_write: usize, max_bulk: usize) -> impl Strategy<Value = Op> {
     let side = 0..2usize;
     let stream = 0..8usize;
+    let pending = prop_oneof![
+        (1..=100_000usize).prop_map(Pending::Write),
+        Just(Pending::Read),
+        Just(Pending::Flush),
+        Just(Pending::Open),
+        Just(Pending::Close),
+    ];
     prop_oneof![
         3 => side.clone().prop_map(|side| Op::Open { side }),
         3 => side.clone().prop_map(|side| Op::Accept { side }),
@@ -180,16 +454,20 @@ fn op(max_write: usize) -> impl Strategy<Value = Op> {
         1 => (side.clone(), stream.clone()).prop_map(|(side, stream)| Op::Shutdown { side, stream }),
         1 => (side.clone(), stream.clone()).prop_map(|(side, stream)| Op::CloseRead { side, stream }),
         1 => (side.clone(), stream.clone()).prop_map(|(side, stream)| Op::Close { side, stream }),
-        1 => (side, stream).prop_map(|(side, stream)| Op::Drop { side, stream }),
+        1 => (side.clone(), stream.clone()).prop_map(|(side, stream)| Op::Drop { side, stream }),
+        2 => stall(),
+        1 => side.clone().prop_map(|side| Op::Unstall { side }),
+        1 => bulk(8, 2..=4, 0..=max_bulk, 0.2),
+        1 => (side, stream, pending).prop_map(|(side, stream, what)| Op::Repoll { side, stream, what }),
     ]
 }
 
 /// A case: a few opens to start with, random operations, and in one case out of four a
 /// session close somewhere among them (more often, and most cases would test only closing).
-fn ops(max_write: usize) -> impl Strategy<Value = Vec<Op>> {
+fn ops(max_write: usize, max_bulk: usize) -> impl Strategy<Value = Vec<Op>> {
     (
         proptest::collection::vec((0..2usize).prop_map(|side| Op::Open { side }), 1..4),
-        proptest::collection::vec(op(max_write), 5..80),
+        proptest::collection::vec(op(max_write, max_bulk), 5..80),
         proptest::option::weighted(0.25, (0..2usize, any::<prop::sample::Index>())),
     )
         .prop_map(|(mut opens, mut rest, close)| {
@@ -199,6 +477,80 @@ fn ops(max_write: usize) -> impl Strategy<Value = Vec<Op>> {
             }
             opens.append(&mut rest);
             opens
+        })
+}
+
+/// A bulk case: two to five streams opened by either side and accepted, then bulk transfers of
+/// up to 3 MiB per writer (several writers on one side keep its queue full), with stalls
+/// between them.
+fn bulk_ops() -> impl Strategy<Value = Vec<Op>> {
+    let len = prop_oneof![
+        1 => 0..64 * 1024usize,
+        3 => 256 * 1024..=3 * 1024 * 1024usize,
+    ];
+    (
+        proptest::collection::vec(0..2usize, 2..=5),
+        proptest::collection::vec(
+            prop_oneof![
+                4 => bulk(5, 3..=6, len, 0.3),
+                1 => stall(),
+                1 => (0..2usize).prop_map(|side| Op::Unstall { side }),
+            ],
+            1..=4,
+        ),
+    )
+        .prop_map(|(opens, mut rest)| {
+            let mut ops: Vec<Op> = opens.iter().map(|&side| Op::Open { side }).collect();
+            ops.extend(opens.iter().map(|&side| Op::Accept { side: 1 - side }));
+            ops.append(&mut rest);
+            ops
+        })
+}
+
+/// The configuration of a case: both sessions get the same.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    write_buffer_size: usize,
+    budget: u64,
+}
+
+impl Setup {
+    fn config(&self) -> Config {
+        Config::default()
+            .write_buffer_size(self.write_buffer_size)
+            .receive_window_budget(self.budget)
+    }
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        prop_oneof![
+            2 => 1..=64usize,
+            1 => Just(4096usize),
+            1 => Just(1024 * 1024usize),
+        ],
+        prop_oneof![Just(0u64), Just(256 * 1024), Just(DEFAULT_BUDGET)],
+    )
+        .prop_map(|(write_buffer_size, budget)| Setup {
+            write_buffer_size,
+            budget,
+        })
+}
+
+/// The configurations of bulk cases: mostly small queues and budgets, with which the progress
+/// bound is tight enough to matter.
+fn bulk_setup() -> impl Strategy<Value = Setup> {
+    (
+        prop_oneof![
+            3 => 1..=64usize,
+            1 => Just(4096usize),
+            1 => Just(1024 * 1024usize),
+        ],
+        prop_oneof![Just(0u64), Just(256 * 1024)],
+    )
+        .prop_map(|(write_buffer_size, budget)| Setup {
+            write_buffer_size,
+            budget,
         })
 }
 
@@ -232,33 +584,190 @@ struct Model {
     pairs: Vec<Pair>,
     /// Source of write content, so every write differs.
     writes: u64,
+    setup: Setup,
+    /// Bytes of buffer in each direction of the pipe.
+    pipe: usize,
+    /// Each side's transport stall.
+    stalls: [Stall; 2],
+    /// Transport calls so far.
+    calls: Arc<AtomicU64>,
+}
+
+/// A `Stream::close` under way: the future owns the handle and gives it back.
+type Closing = Pin<Box<dyn Future<Output = (Stream, Result<(), Error>)>>>;
+
+/// One end taking part in a bulk transfer.
+struct Part {
+    pair: usize,
+    side: usize,
+    /// What this end writes, and how much of it is written.
+    content: Vec<u8>,
+    written: usize,
+    writing: bool,
+    close_when_done: bool,
+    /// `Stream::close` under way; the future owns the handle until it finishes.
+    closing: Option<Closing>,
+    close_done: bool,
+    /// Traffic when the close started.
+    close_mark: u64,
+    reading: bool,
+    /// Traffic when this end last received something (or had nothing to wait for).
+    mark: u64,
+}
+
+/// Traffic counted by a bulk transfer: bytes the sessions received, only while no transport
+/// is stalled.
+struct Traffic {
+    last: u64,
+    counted: u64,
+    polls: u64,
+    /// Polls allowed.
+    max_polls: u64,
+}
+
+/// Why a write may fail, from what the model knows.
+fn write_error_justified(
+    error: &io::Error,
+    write_closed: bool,
+    peer_gone: bool,
+    session_closed: bool,
+) -> Result<(), TestCaseError> {
+    let error = gomux_error(error).cloned();
+    let justified = match error {
+        Some(Error::WriteClosed) => write_closed,
+        Some(Error::PeerReadClosed) => peer_gone,
+        Some(ref e) if e.is_session_end() => session_closed,
+        _ => false,
+    };
+    prop_assert!(justified, "write failed without a reason: {:?}", error);
+    Ok(())
+}
+
+/// Polls `future` [`REPOLLS`] times with the same (no-op) waker, or until it finishes; returns
+/// its output if it finished, and what the thread allocated after the first poll.
+fn repoll<F: Future>(future: Pin<&mut F>) -> (Option<F::Output>, i64) {
+    let mut future = future;
+    let mut cx = Context::from_waker(Waker::noop());
+    if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+        return (Some(output), 0);
+    }
+    let before = live_bytes();
+    for _ in 1..REPOLLS {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return (Some(output), 0);
+        }
+    }
+    (None, live_bytes() - before)
 }
 
 impl Model {
-    fn pair(&mut self, index: usize) -> Option<&mut Pair> {
+    fn pair_index(&self, index: usize) -> Option<usize> {
         let len = self.pairs.len();
-        if len == 0 {
-            None
-        } else {
-            self.pairs.get_mut(index % len)
-        }
+        (len != 0).then_some(index % len)
+    }
+
+    fn pair(&mut self, index: usize) -> Option<&mut Pair> {
+        let index = self.pair_index(index)?;
+        self.pairs.get_mut(index)
     }
 
     fn any_session_closed(&self) -> bool {
         self.session_closed.iter().any(|&c| c)
     }
 
+    fn stalled(&self) -> bool {
+        self.stalls.iter().any(Stall::active)
+    }
+
+    fn budget(&self) -> u64 {
+        self.setup.budget
+    }
+
+    /// Bytes both sessions received so far.
+    fn traffic(&self) -> u64 {
+        self.sessions.iter().map(|s| s.stats().bytes_received).sum()
+    }
+
+    /// How much traffic (both directions together) may pass while a reader waits for data its
+    /// peer writes, or a `Stream::close` waits for its bytes to be written. The stream's credit
+    /// goes back behind at most the reader's side's queue and the batch being written
+    /// (`2 × (write_buffer_size + max_payload)`), its control frames and the pipe, and its data
+    /// comes behind as much on the writer's side; the other direction carries about as much
+    /// meanwhile (so twice that). Besides, every stream can move its whole window (those written
+    /// in bulk once more, as their credit comes back), and windows can grow by the budget.
+    fn progress_bound(&self, writers: usize) -> u64 {
+        let live: u64 = self
+            .sessions
+            .iter()
+            .map(|s| s.stats().live_streams as u64)
+            .sum();
+        let queue =
+            2 * (self.setup.write_buffer_size + MAX_PAYLOAD) as u64 + self.pipe as u64 + 8 * live;
+        2 * (2 * queue) + (live + writers as u64) * WINDOW + 2 * self.budget() + 64 * 1024
+    }
+
+    /// The memory bound of the `Config` docs, on each session and on each stream.
+    fn check_memory(&self, after: &str) -> Result<(), TestCaseError> {
+        let budget = self.budget();
+        for session in &self.sessions {
+            let stats = session.stats();
+            let now_bound = stats.live_streams as u64 * WINDOW + budget;
+            prop_assert!(
+                stats.buffered <= now_bound,
+                "{:?} buffers {} bytes in {} streams, over the bound {} ({})",
+                session.role(),
+                stats.buffered,
+                stats.live_streams,
+                now_bound,
+                after
+            );
+            let streams = stats.streams_opened + stats.streams_accepted;
+            let peak_bound = streams * WINDOW + budget;
+            prop_assert!(
+                stats.peak_buffered <= peak_bound,
+                "{:?} buffered {} bytes at its peak with {} streams ever, over the bound {} ({})",
+                session.role(),
+                stats.peak_buffered,
+                streams,
+                peak_bound,
+                after
+            );
+        }
+        for pair in &self.pairs {
+            for end in &pair.ends {
+                if let Some(handle) = &end.handle {
+                    let buffered = handle.buffered() as u64;
+                    prop_assert!(
+                        buffered <= WINDOW + budget,
+                        "stream {} buffers {} bytes, over its window and the budget ({})",
+                        pair.id,
+                        buffered,
+                        after
+                    );
+                }
+            }
+        }
+        prop_assert!(
+            self.calls.load(Ordering::Relaxed) < TRANSPORT_CALLS,
+            "the transports were called {} times: a spin ({})",
+            TRANSPORT_CALLS,
+            after
+        );
+        Ok(())
+    }
+
     async fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match *op {
             Op::Open { side } => {
+                let start = Instant::now();
                 if let Ok(Ok(stream)) = timeout(OP, self.sessions[side].open()).await {
-                    let mut ends = [End::default(), End::default()];
-                    ends[side].accepted = true;
-                    let id = stream.id();
-                    ends[side].handle = Some(stream);
-                    self.pairs.push(Pair { id, ends });
+                    self.opened(side, stream);
                 } else {
-                    prop_assert!(self.any_session_closed(), "open failed in a live session");
+                    // An open waits for room in the queue while the transport is stalled.
+                    prop_assert!(
+                        self.any_session_closed() || self.stalls[side].active_since(start),
+                        "open failed in a live session"
+                    );
                 }
             }
             Op::Accept { side } => self.accept(side).await?,
@@ -282,14 +791,7 @@ impl Model {
                         end.sent.extend_from_slice(&content[..n]);
                     }
                     Ok(Err(error)) => {
-                        let error = gomux_error(&error).cloned();
-                        let justified = match error {
-                            Some(Error::WriteClosed) => end.write_closed,
-                            Some(Error::PeerReadClosed) => peer_gone,
-                            Some(ref e) if e.is_session_end() => closed,
-                            _ => false,
-                        };
-                        prop_assert!(justified, "write failed without a reason: {:?}", error);
+                        write_error_justified(&error, end.write_closed, peer_gone, closed)?;
                     }
                 }
             }
@@ -348,8 +850,22 @@ impl Model {
                 let closed = timeout(MUST, self.sessions[side].close()).await;
                 prop_assert!(closed.is_ok(), "Session::close hung");
             }
+            Op::Stall { side, ms } => {
+                self.stalls[side].set(Instant::now() + Duration::from_millis(ms));
+            }
+            Op::Unstall { side } => self.stalls[side].clear(),
+            Op::Bulk { ref writers } => self.bulk(writers).await?,
+            Op::Repoll { side, stream, what } => self.repoll(side, stream, what)?,
         }
         Ok(())
+    }
+
+    fn opened(&mut self, side: usize, stream: Stream) {
+        let mut ends = [End::default(), End::default()];
+        ends[side].accepted = true;
+        let id = stream.id();
+        ends[side].handle = Some(stream);
+        self.pairs.push(Pair { id, ends });
     }
 
     /// Accepts one stream on `side` if one is waiting, and matches it to its opener.
@@ -373,9 +889,369 @@ impl Model {
         Ok(())
     }
 
+    /// Polls one pending operation again and again with the same waker; it must not register
+    /// anything new each time.
+    fn repoll(&mut self, side: usize, stream: usize, what: Pending) -> Result<(), TestCaseError> {
+        let closed = self.any_session_closed();
+        if let Pending::Open = what {
+            let session = self.sessions[side].clone();
+            let (output, grew) = repoll(pin!(session.open()));
+            check_repoll(grew, "Session::open")?;
+            if let Some(Ok(stream)) = output {
+                self.opened(side, stream);
+            }
+            return Ok(());
+        }
+        self.writes += 1;
+        let writes = self.writes;
+        let Some(pair) = self.pair(stream) else {
+            return Ok(());
+        };
+        let peer_gone = pair.ends[1 - side].read_closed;
+        let (mine, theirs) = split_ends(pair, side);
+        let Some(mut handle) = mine.handle.take() else {
+            return Ok(());
+        };
+        let result = match what {
+            Pending::Write(len) => {
+                let content = pattern(writes, len);
+                let (output, grew) = repoll(pin!(handle.write(&content)));
+                match output {
+                    Some(Ok(n)) => {
+                        prop_assert!(!mine.write_closed, "write after this end closed writing");
+                        mine.sent.extend_from_slice(&content[..n]);
+                    }
+                    Some(Err(error)) => {
+                        write_error_justified(&error, mine.write_closed, peer_gone, closed)?
+                    }
+                    None => {}
+                }
+                check_repoll(grew, "write")
+            }
+            Pending::Read => {
+                let mut buf = vec![0u8; 4096];
+                let (output, grew) = repoll(pin!(handle.read(&mut buf)));
+                if let Some(result) = output {
+                    record_read(mine, theirs, result.map(|n| &buf[..n]))?;
+                }
+                check_repoll(grew, "read")
+            }
+            Pending::Flush => {
+                let (_, grew) = repoll(pin!(handle.flush()));
+                check_repoll(grew, "flush")
+            }
+            Pending::Close => {
+                mine.read_closed = true;
+                mine.write_closed = true;
+                let (_, grew) = repoll(pin!(handle.close()));
+                check_repoll(grew, "Stream::close")
+            }
+            Pending::Open => unreachable!(),
+        };
+        mine.handle = Some(handle);
+        result
+    }
+
+    /// Both sides write bulk data at once, while every end involved reads; see [`Op::Bulk`].
+    async fn bulk(&mut self, writers: &[BulkWrite]) -> Result<(), TestCaseError> {
+        let mut parts: Vec<Part> = Vec::new();
+        for writer in writers {
+            let side = writer.side;
+            let Some(index) = self.pair_index(writer.stream) else {
+                return Ok(());
+            };
+            // The peer end must be there to read (or have stopped reading, so writes fail).
+            for _ in 0..self.pairs.len() {
+                let peer = &self.pairs[index].ends[1 - side];
+                if peer.accepted || peer.read_closed {
+                    break;
+                }
+                let before = self
+                    .pairs
+                    .iter()
+                    .filter(|p| p.ends[1 - side].accepted)
+                    .count();
+                self.accept(1 - side).await?;
+                if before
+                    == self
+                        .pairs
+                        .iter()
+                        .filter(|p| p.ends[1 - side].accepted)
+                        .count()
+                {
+                    break;
+                }
+            }
+            let peer = &self.pairs[index].ends[1 - side];
+            if self.pairs[index].ends[side].handle.is_none()
+                || !(peer.handle.is_some() || peer.read_closed)
+            {
+                continue;
+            }
+            self.writes += 1;
+            let content = pattern(self.writes, writer.len);
+            match parts.iter_mut().find(|p| p.pair == index && p.side == side) {
+                Some(part) => {
+                    part.content.extend_from_slice(&content);
+                    part.close_when_done |= writer.close;
+                }
+                None => parts.push(Part {
+                    pair: index,
+                    side,
+                    content,
+                    written: 0,
+                    writing: true,
+                    close_when_done: writer.close,
+                    closing: None,
+                    close_done: false,
+                    close_mark: 0,
+                    reading: false,
+                    mark: 0,
+                }),
+            }
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        // Every end of the streams involved reads.
+        let pairs: Vec<usize> = parts.iter().map(|p| p.pair).collect();
+        for pair in pairs {
+            for side in 0..2 {
+                if !parts.iter().any(|p| p.pair == pair && p.side == side) {
+                    parts.push(Part {
+                        pair,
+                        side,
+                        content: Vec::new(),
+                        written: 0,
+                        writing: false,
+                        close_when_done: false,
+                        closing: None,
+                        close_done: false,
+                        close_mark: 0,
+                        reading: false,
+                        mark: 0,
+                    });
+                }
+            }
+        }
+        for part in &mut parts {
+            let end = &self.pairs[part.pair].ends[part.side];
+            part.reading = end.handle.is_some() && !end.read_closed;
+        }
+        let bound = self.progress_bound(parts.iter().filter(|p| p.writing).count());
+        let bytes: usize = parts.iter().map(|p| p.content.len()).sum();
+        let mut traffic = Traffic {
+            last: self.traffic(),
+            counted: 0,
+            polls: 0,
+            max_polls: BULK_POLLS + bytes as u64,
+        };
+        let mut buf = vec![0u8; 32 * 1024];
+        let done = timeout(
+            MUST,
+            poll_fn(|cx| self.poll_bulk(cx, &mut parts, &mut traffic, &mut buf, bound)),
+        )
+        .await;
+        // Handles still inside close futures go back to the model (dropped if unfinished).
+        match done {
+            Ok(result) => result,
+            Err(_) => Err(TestCaseError::fail(format!(
+                "a bulk transfer hung: {}",
+                describe(&parts, &self.pairs)
+            ))),
+        }
+    }
+
+    /// One round of a bulk transfer: every writer writes, every closer closes, every reader
+    /// reads, as far as each can without waiting; then the progress checks.
+    fn poll_bulk(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut [Part],
+        traffic: &mut Traffic,
+        buf: &mut [u8],
+        bound: u64,
+    ) -> Poll<Result<(), TestCaseError>> {
+        let result = (|| -> Result<bool, TestCaseError> {
+            traffic.polls += 1;
+            prop_assert!(
+                traffic.polls < traffic.max_polls,
+                "a bulk transfer was polled {} times: it spins ({})",
+                traffic.max_polls,
+                describe(parts, &self.pairs)
+            );
+            let closed = self.any_session_closed();
+            let now = self.traffic();
+            if !self.stalled() {
+                traffic.counted += now - traffic.last;
+            }
+            traffic.last = now;
+            let counted = traffic.counted;
+            let mut progressed = vec![false; parts.len()];
+            // Each round starts with the next end (as `tokio::join!` does), so that no stream
+            // is always first to find room in the queue.
+            let start = traffic.polls as usize;
+            for k in 0..parts.len() {
+                let i = (start + k) % parts.len();
+                let part = &mut parts[i];
+                let pair = &mut self.pairs[part.pair];
+                let peer_gone = pair.ends[1 - part.side].read_closed;
+                let (mine, _) = split_ends(pair, part.side);
+                // Writing, a few frames per round so the others get their turn.
+                let mut rounds = 0;
+                while part.writing && rounds < 8 {
+                    rounds += 1;
+                    let Some(handle) = mine.handle.as_mut() else {
+                        part.writing = false;
+                        break;
+                    };
+                    let data = &part.content[part.written..];
+                    if data.is_empty() {
+                        part.writing = false;
+                        break;
+                    }
+                    match Pin::new(handle).poll_write(cx, data) {
+                        Poll::Pending => break,
+                        Poll::Ready(Ok(n)) => {
+                            prop_assert!(!mine.write_closed, "write after this end closed writing");
+                            prop_assert!(n > 0 && n <= data.len(), "write reported {} bytes", n);
+                            mine.sent.extend_from_slice(&data[..n]);
+                            part.written += n;
+                        }
+                        Poll::Ready(Err(error)) => {
+                            write_error_justified(&error, mine.write_closed, peer_gone, closed)?;
+                            part.writing = false;
+                        }
+                    }
+                }
+                if rounds == 8 && part.writing {
+                    cx.waker().wake_by_ref();
+                }
+                // Closing, once written.
+                if !part.writing && part.close_when_done && !part.close_done {
+                    if part.closing.is_none() {
+                        match mine.handle.take() {
+                            Some(mut handle) => {
+                                mine.read_closed = true;
+                                mine.write_closed = true;
+                                part.reading = false;
+                                part.close_mark = counted;
+                                part.closing = Some(Box::pin(async move {
+                                    let closed = handle.close().await;
+                                    (handle, closed)
+                                }));
+                            }
+                            None => part.close_done = true,
+                        }
+                    }
+                    if let Some(closing) = part.closing.as_mut() {
+                        if let Poll::Ready((handle, closed)) = closing.as_mut().poll(cx) {
+                            prop_assert!(
+                                closed.is_ok() || self.session_closed.iter().any(|&c| c),
+                                "Stream::close failed in a live session: {:?}",
+                                closed
+                            );
+                            mine.handle = Some(handle);
+                            part.closing = None;
+                            part.close_done = true;
+                        } else {
+                            prop_assert!(
+                                counted - part.close_mark <= bound,
+                                "Stream::close of stream {} on side {} made no progress while \
+                                 the connection carried {} bytes (bound {}): {}; {}",
+                                pair_id(&self.pairs, part.pair),
+                                part.side,
+                                counted - part.close_mark,
+                                bound,
+                                describe_one(part),
+                                describe_sessions(&self.sessions)
+                            );
+                        }
+                    }
+                }
+                // Reading.
+                let mut rounds = 0;
+                while part.reading && rounds < 8 {
+                    rounds += 1;
+                    let pair = &mut self.pairs[part.pair];
+                    let (mine, theirs) = split_ends(pair, part.side);
+                    let Some(handle) = mine.handle.as_mut() else {
+                        part.reading = false;
+                        break;
+                    };
+                    let mut read_buf = ReadBuf::new(buf);
+                    match Pin::new(handle).poll_read(cx, &mut read_buf) {
+                        Poll::Pending => break,
+                        Poll::Ready(Ok(())) => {
+                            let data = read_buf.filled();
+                            record_read(mine, theirs, Ok(data))?;
+                            if data.is_empty() {
+                                part.reading = false;
+                            } else {
+                                progressed[i] = true;
+                            }
+                        }
+                        Poll::Ready(Err(_)) => part.reading = false,
+                    }
+                }
+                if rounds == 8 && part.reading {
+                    cx.waker().wake_by_ref();
+                }
+            }
+            // Done, or every waiting reader still within its allowance?
+            let mut all_done = true;
+            for i in 0..parts.len() {
+                let part = &parts[i];
+                let peer_writing = parts
+                    .iter()
+                    .any(|p| p.pair == part.pair && p.side != part.side && p.writing);
+                let pair = &self.pairs[part.pair];
+                let (mine, theirs) = (&pair.ends[part.side], &pair.ends[1 - part.side]);
+                let caught_up = mine.received.len() == theirs.sent.len();
+                let waiting = part.reading && (peer_writing || !caught_up);
+                if part.writing || waiting || part.close_when_done && !part.close_done {
+                    all_done = false;
+                }
+                if !waiting || progressed[i] {
+                    parts[i].mark = counted;
+                } else {
+                    prop_assert!(
+                        counted - part.mark <= bound,
+                        "stream {} starved on side {}: its reader reads, yet received nothing \
+                         while the connection carried {} bytes (bound {}); it has {} of {} bytes, \
+                         the peer {}: {}; {}",
+                        pair.id,
+                        part.side,
+                        counted - part.mark,
+                        bound,
+                        mine.received.len(),
+                        theirs.sent.len(),
+                        if peer_writing {
+                            "still writes"
+                        } else {
+                            "is done writing"
+                        },
+                        describe(parts, &self.pairs),
+                        describe_sessions(&self.sessions)
+                    );
+                }
+            }
+            Ok(all_done)
+        })();
+        match result {
+            Ok(true) => Poll::Ready(Ok(())),
+            Ok(false) => Poll::Pending,
+            Err(error) => Poll::Ready(Err(error)),
+        }
+    }
+
     /// Accepts every stream still queued, shuts down every writer, reads every end to its end,
     /// drops everything, and checks the invariants.
     async fn finish(mut self) -> Result<(), TestCaseError> {
+        // Whatever was stalled goes on now, so that everything can finish.
+        for stall in &self.stalls {
+            stall.clear();
+        }
         for side in 0..2 {
             loop {
                 let waiting = self.pairs.iter().filter(|p| !p.ends[side].accepted).count();
@@ -437,6 +1313,7 @@ impl Model {
                 }
             }
         }
+        self.check_memory("after the final reads")?;
         for pair in &mut self.pairs {
             for end in &mut pair.ends {
                 end.handle = None;
@@ -459,8 +1336,83 @@ impl Model {
         for session in &self.sessions {
             prop_assert!(timeout(MUST, session.close()).await.is_ok(), "close hung");
         }
+        self.check_memory("at the end")?;
         Ok(())
     }
+}
+
+fn check_repoll(grew: i64, what: &str) -> Result<(), TestCaseError> {
+    prop_assert!(
+        grew <= REPOLL_SLACK,
+        "{} polls of a pending {} with the same waker allocated {} bytes: each poll registers \
+         the waker again",
+        REPOLLS,
+        what,
+        grew
+    );
+    Ok(())
+}
+
+fn pair_id(pairs: &[Pair], index: usize) -> u32 {
+    pairs[index].id
+}
+
+fn describe_one(part: &Part) -> String {
+    format!(
+        "side {} wrote {}/{}{}{}",
+        part.side,
+        part.written,
+        part.content.len(),
+        if part.reading { ", reading" } else { "" },
+        if part.close_when_done {
+            if part.close_done {
+                ", closed"
+            } else {
+                ", closing"
+            }
+        } else {
+            ""
+        },
+    )
+}
+
+/// Both sessions' counters, for failure messages.
+fn describe_sessions(sessions: &[Session; 2]) -> String {
+    sessions
+        .iter()
+        .map(|session| {
+            let s = session.stats();
+            format!(
+                "{:?}: sent {} bytes written, {} frames queued; received {} bytes, {} frames; \
+                 {} buffered",
+                session.role(),
+                s.bytes_sent,
+                s.frames_sent,
+                s.bytes_received,
+                s.frames_received,
+                s.buffered
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The state of a bulk transfer, for failure messages.
+fn describe(parts: &[Part], pairs: &[Pair]) -> String {
+    parts
+        .iter()
+        .map(|part| {
+            let pair = &pairs[part.pair];
+            format!(
+                "[stream {} {}, received {}/{}]",
+                pair.id,
+                describe_one(part),
+                pair.ends[part.side].received.len(),
+                pair.ends[1 - part.side].sent.len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// This side's end and the peer's end of `pair`.
@@ -515,7 +1467,13 @@ fn record_read(
 }
 
 /// Runs one case: sessions over chopped pipes, the operations, then the final checks.
-fn run(ops: Vec<Op>, seed: u64, chop: usize, pipe: usize) -> Result<(), TestCaseError> {
+fn run(
+    ops: Vec<Op>,
+    seed: u64,
+    chop: usize,
+    pipe: usize,
+    setup: Setup,
+) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -523,21 +1481,37 @@ fn run(ops: Vec<Op>, seed: u64, chop: usize, pipe: usize) -> Result<(), TestCase
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     runtime.block_on(async move {
         let (a, b) = tokio::io::duplex(pipe);
-        let client =
-            Session::with_config(Chopped::new(a, seed, chop), Role::Client, Config::default());
+        let stalls = [Stall::default(), Stall::default()];
+        let calls = Arc::new(AtomicU64::new(0));
+        let client = Session::with_config(
+            Chopped::new(a, seed, chop, stalls[0].clone(), Arc::clone(&calls)),
+            Role::Client,
+            setup.config(),
+        );
         let server = Session::with_config(
-            Chopped::new(b, seed.rotate_left(32), chop),
+            Chopped::new(
+                b,
+                seed.rotate_left(32),
+                chop,
+                stalls[1].clone(),
+                Arc::clone(&calls),
+            ),
             Role::Server,
-            Config::default(),
+            setup.config(),
         );
         let mut model = Model {
             sessions: [client, server],
             session_closed: [false; 2],
             pairs: Vec::new(),
             writes: seed,
+            setup,
+            pipe,
+            stalls,
+            calls,
         };
-        for op in &ops {
+        for (i, op) in ops.iter().enumerate() {
             model.apply(op).await?;
+            model.check_memory(&format!("after operation {i}, {op:?}"))?;
         }
         model.finish().await
     })
@@ -547,6 +1521,8 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: 256,
         max_shrink_iters: 2000,
+        // Shrinking stops after this long.
+        max_shrink_time: 45_000,
         ..ProptestConfig::default()
     })]
 
@@ -554,12 +1530,36 @@ proptest! {
     fn streams_deliver_every_byte_once_in_order_whatever_the_operations(
         (ops, chop) in prop_oneof![
             // Tiny pieces with small writes, larger pieces with writes beyond the window.
-            (ops(2000), 1..16usize),
-            (ops(150_000), 256..8192usize),
+            (ops(2000, 16 * 1024), 1..16usize),
+            (ops(150_000, 192 * 1024), 256..8192usize),
         ],
         seed in any::<u64>(),
         pipe in prop_oneof![Just(64usize), Just(4096), Just(256 * 1024)],
+        setup in setup(),
     ) {
-        run(ops, seed, chop, pipe)?;
+        run(ops, seed, chop, pipe, setup)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        max_shrink_iters: 500,
+        // A large case takes up to a second in a debug build.
+        max_shrink_time: 45_000,
+        ..ProptestConfig::default()
+    })]
+
+    /// Megabytes in both directions at once on a few streams: every reader keeps receiving,
+    /// every close finishes, within the progress bound, and nothing is lost.
+    #[test]
+    fn bulk_transfers_keep_every_stream_moving(
+        ops in bulk_ops(),
+        seed in any::<u64>(),
+        chop in 256..8192usize,
+        pipe in prop_oneof![Just(64usize), Just(4096), Just(256 * 1024)],
+        setup in bulk_setup(),
+    ) {
+        run(ops, seed, chop, pipe, setup)?;
     }
 }

@@ -1,61 +1,287 @@
 //! Arbitrary bytes as everything a peer sends to a server session whose application accepts
 //! streams, reads them and writes back what it read.
 //!
-//! Input: one byte of options (how the bytes are cut into transport reads; whether the
-//! connection then ends or goes quiet), then the bytes the peer sends.
+//! Input: one byte of options, then the bytes the peer sends. The options:
 //!
-//! Checks: no panic; the session never spins (the transport is polled a bounded number of times
-//! for the input it is given); a connection that ends ends the session; a quiet one leaves the
-//! session idle, and closing it then finishes. Time is paused, so the session's timers fire as
-//! soon as everything waits, and a spin shows up as a poll count instead of a hang.
+//! - bits 0–1: how the bytes are cut into transport reads (1, 7, 64 or 4096 bytes at most);
+//! - bit 2: whether the connection then ends (0) or goes quiet (1);
+//! - bits 3–4: how the peer takes the session's writes: 0 at once, always; 1 with stalls at
+//!   random (after a write it takes, the peer may take nothing more for up to 2 s); 2 never
+//!   while it still sends (until its input is all read, for at most 20 s), then at once; 3 both.
+//!   With any stall the peer also hands its input out one piece per turn (its next read says
+//!   "not yet" and wakes itself), so the application runs between the pieces;
+//! - bits 5–6: frames the peer adds after each whole frame of the input: 0 none; 1 a
+//!   WindowUpdate of 0 for the frame's stream; 2 a frame for a stream that does not exist (Data,
+//!   WindowUpdate, CloseRead, CloseWrite or CloseStream, for an id nobody opened); 3 either, or
+//!   nothing, at random;
+//! - bit 7: the whole frames of the input are sent 16 times over, each time with their stream
+//!   ids moved up by 65536 (even, so the opener's parity is kept), then any partial frame.
+//!
+//! The generated seed corpus (`gen_corpus.py`) uses options 0, 1 and 6: no stalls, no added
+//! frames, no repetition, as before these were added. "At random" means a generator seeded from
+//! the input: a run is a deterministic function of its input.
+//!
+//! Checks:
+//!
+//! - no panic;
+//! - the session never spins: the transport is polled a bounded number of times for the bytes
+//!   the peer sends;
+//! - no hang: a connection that ends ends the session; a quiet one leaves the session idle, and
+//!   closing it then finishes; the driver finishes. Time is paused, so timers (stalls included)
+//!   fire as soon as everything waits, and a spin shows up as a poll count instead of a hang;
+//! - the memory bound of the `Config` docs, after everything the transport does: the data
+//!   buffered (`Stats::buffered`, and `peak_buffered` at the end) is at most
+//!   `max_streams × receive_window + receive_window_budget`, and at most `max_streams` streams
+//!   are live;
+//! - the outgoing backlog: the frames the session queued (`Stats::frames_sent`) but the peer has
+//!   not taken yet must fit in the documented bounds (the `Config` docs, "Memory bounds"): the
+//!   data queue and the batch being written, `2 × (write_buffer_size + max_payload + 8 + 16 ×
+//!   max_streams)` bytes (a frame takes at least 8 bytes; the application here writes at most
+//!   1 KiB per frame, which stands for `max_payload`), and the control queue, `accept_backlog
+//!   + 5 × max_streams` frames, plus one frame, a keepalive and CloseMux. A peer that never
+//!   reads must therefore not make the session queue answers without end: past its bound, the
+//!   session stops reading. (The first session core queued a CloseStream for every stream the
+//!   peer opened and half-closed, whatever its backlog: options 0x92, then 256 × (OpenStream,
+//!   CloseRead) on ids 0, 2, 4, … left over 1379 frames queued.)
 
 #![no_main]
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use gomux::frame::{Header, Kind, HEADER_LEN};
 use gomux::{Config, Role, Session};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::time::{Instant, Sleep};
 
-/// Transport polls allowed per input byte, plus a fixed allowance for timers and closing.
+/// Transport polls allowed per byte the peer sends, plus a fixed allowance for timers and
+/// closing.
 const POLLS_PER_BYTE: usize = 64;
 const POLLS_FIXED: usize = 100_000;
 
-/// The peer: hands out `input` in pieces, then ends or goes quiet; takes every write.
-struct Peer {
-    input: Vec<u8>,
-    at: usize,
-    piece: usize,
-    end: bool,
-    polls: Rc<Cell<usize>>,
-    budget: usize,
+/// The session's settings that the checks depend on.
+const MAX_STREAMS: usize = 16;
+const ACCEPT_BACKLOG: usize = 4;
+const WRITE_BUFFER_SIZE: usize = 4096;
+const RECEIVE_WINDOW: u64 = 65_536;
+const WINDOW_BUDGET: u64 = 256 * 1024;
+/// The most the application writes at once, hence the largest Data frame the session sends.
+const APP_CHUNK: usize = 1024;
+
+/// Times the input's whole frames are sent with bit 7.
+const REPEATS: u32 = 16;
+/// How far each repetition moves the stream ids.
+const ID_SHIFT: u32 = 0x1_0000;
+/// The longest random stall, and the longest stall of a peer that reads nothing while it sends.
+const SHORT_STALL_MS: u64 = 2000;
+const LONG_STALL: Duration = Duration::from_secs(20);
+
+/// A small deterministic generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
 }
 
-impl Peer {
-    fn poll(&self) {
+/// What the peer sends: the input, with frames added after each whole frame and perhaps
+/// repeated (see the module docs).
+fn peer_bytes(input: &[u8], inject: u8, repeat: bool, rng: &mut Rng) -> Vec<u8> {
+    // The input's whole frames, and where the partial one at its end starts.
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while input.len() - at >= HEADER_LEN {
+        let head = &input[at..at + HEADER_LEN];
+        let length = u32::from_le_bytes([head[4], head[5], head[6], 0]) as usize;
+        let end = if head[7] == Kind::Data as u8 {
+            at + HEADER_LEN + length
+        } else {
+            at + HEADER_LEN
+        };
+        if end > input.len() {
+            break;
+        }
+        frames.push(at..end);
+        at = end;
+    }
+    if inject == 0 && !repeat {
+        return input.to_vec();
+    }
+    let mut out = Vec::with_capacity(input.len() * if repeat { 20 } else { 2 });
+    for round in 0..if repeat { REPEATS } else { 1 } {
+        for range in &frames {
+            let start = out.len();
+            out.extend_from_slice(&input[range.clone()]);
+            let id =
+                u32::from_le_bytes([out[start], out[start + 1], out[start + 2], out[start + 3]])
+                    .wrapping_add(round * ID_SHIFT);
+            out[start..start + 4].copy_from_slice(&id.to_le_bytes());
+            let choice = match inject {
+                0 => 0,
+                1 => 1,
+                2 => 2,
+                _ => rng.below(3),
+            };
+            match choice {
+                1 => out.extend_from_slice(&frame(id, 0, Kind::WindowUpdate)),
+                2 => unknown_frame(&mut out, rng),
+                _ => {}
+            }
+        }
+    }
+    out.extend_from_slice(&input[at..]);
+    out
+}
+
+fn frame(id: u32, length: u32, kind: Kind) -> [u8; HEADER_LEN] {
+    Header { id, length, kind }.to_bytes()
+}
+
+/// A frame for a stream nobody opened: odd ids are the server's, which opens none here; the
+/// even ones are far above what an input opens.
+fn unknown_frame(out: &mut Vec<u8>, rng: &mut Rng) {
+    let id = if rng.below(2) == 0 {
+        0x4000_0001 + 2 * rng.below(1000) as u32
+    } else {
+        0xfff0_0000 + 2 * rng.below(1000) as u32
+    };
+    match rng.below(5) {
+        0 => {
+            let length = rng.below(9) as u32;
+            out.extend_from_slice(&frame(id, length, Kind::Data));
+            out.extend((0..length).map(|i| i as u8));
+        }
+        1 => out.extend_from_slice(&frame(id, rng.below(1 << 24) as u32, Kind::WindowUpdate)),
+        2 => out.extend_from_slice(&frame(id, 0, Kind::CloseRead)),
+        3 => out.extend_from_slice(&frame(id, 0, Kind::CloseWrite)),
+        _ => out.extend_from_slice(&frame(id, 0, Kind::CloseStream)),
+    }
+}
+
+/// What the peer and the checks share.
+struct Shared {
+    polls: Cell<usize>,
+    budget: usize,
+    /// Frames of the session's output the peer has taken (counted when their header is whole).
+    frames_taken: Cell<u64>,
+    /// Whether the session has read everything the peer sends.
+    input_done: Cell<bool>,
+    /// The checking task, woken after everything the transport does.
+    monitor: RefCell<Option<Waker>>,
+}
+
+impl Shared {
+    fn poll(&self, sent: usize) {
         let polls = self.polls.get() + 1;
         self.polls.set(polls);
         assert!(
             polls <= self.budget,
-            "the session polled its transport {polls} times for {} bytes: it spins",
-            self.input.len()
+            "the session polled its transport {polls} times for {sent} bytes: it spins"
         );
+        if let Some(waker) = self.monitor.borrow().as_ref() {
+            waker.wake_by_ref();
+        }
+    }
+}
+
+/// The peer: hands out its bytes in pieces, then ends or goes quiet; takes the session's
+/// writes, perhaps with stalls.
+struct Peer {
+    bytes: Vec<u8>,
+    at: usize,
+    piece: usize,
+    end: bool,
+    /// Hand out one piece per turn: say "not yet" (waking itself) after each.
+    trickle: bool,
+    /// Whether the last read handed out bytes (so the next one says "not yet").
+    just_read: bool,
+    /// Stall after a write at random.
+    random_stalls: bool,
+    /// Take nothing until the input is read (or `LONG_STALL` has passed).
+    never_read: Option<Instant>,
+    stall: Option<Pin<Box<Sleep>>>,
+    rng: Rng,
+    /// The header of the session's frame being taken, and the payload bytes still to skip.
+    header: Vec<u8>,
+    skip: usize,
+    shared: Rc<Shared>,
+}
+
+impl Peer {
+    /// Counts the session's frames in `data`, which the peer takes.
+    fn count_taken(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(data.len());
+                self.skip -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (HEADER_LEN - self.header.len()).min(data.len());
+            self.header.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.header.len() == HEADER_LEN {
+                let shared = &self.shared;
+                shared.frames_taken.set(shared.frames_taken.get() + 1);
+                if self.header[7] == Kind::Data as u8 {
+                    self.skip =
+                        u32::from_le_bytes([self.header[4], self.header[5], self.header[6], 0])
+                            as usize;
+                }
+                self.header.clear();
+            }
+        }
+    }
+
+    /// `Pending` while the peer takes no writes.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(until) = self.never_read {
+            if self.shared.input_done.get() || Instant::now() >= until {
+                self.never_read = None;
+            } else {
+                let sleep = self
+                    .stall
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.never_read = None;
+            }
+            self.stall = None;
+        }
+        if let Some(sleep) = self.stall.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.stall = None;
+        }
+        Poll::Ready(())
     }
 }
 
 impl AsyncRead for Peer {
     fn poll_read(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.poll();
-        if self.at == self.input.len() {
+        self.shared.poll(self.bytes.len());
+        if self.at == self.bytes.len() {
+            self.shared.input_done.set(true);
             // A quiet peer never wakes the reader again.
             return if self.end {
                 Poll::Ready(Ok(()))
@@ -63,24 +289,41 @@ impl AsyncRead for Peer {
                 Poll::Pending
             };
         }
+        if self.trickle && self.just_read {
+            self.just_read = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         let n = self
             .piece
             .min(buf.remaining())
-            .min(self.input.len() - self.at);
+            .min(self.bytes.len() - self.at);
         let at = self.at;
-        buf.put_slice(&self.input[at..at + n]);
+        buf.put_slice(&self.bytes[at..at + n]);
         self.at += n;
+        self.just_read = true;
+        if self.at == self.bytes.len() {
+            self.shared.input_done.set(true);
+        }
         Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for Peer {
     fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.poll();
+        self.shared.poll(self.bytes.len());
+        if self.poll_stalled(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.count_taken(data);
+        if self.random_stalls && self.rng.below(3) == 0 {
+            let ms = 1 + self.rng.below(SHORT_STALL_MS);
+            self.stall = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))));
+        }
         Poll::Ready(Ok(data.len()))
     }
 
@@ -94,10 +337,11 @@ impl AsyncWrite for Peer {
 }
 
 /// The application: every stream is read and what was read is written back, up to a limit.
+/// Its tasks run on the same `LocalSet` as the driver, so they take turns with it in order.
 async fn serve(session: Session) {
     while let Ok(mut stream) = session.accept().await {
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
+        tokio::task::spawn_local(async move {
+            let mut buf = [0u8; APP_CHUNK];
             let mut echoed = 0;
             while echoed < 256 * 1024 {
                 match stream.read(&mut buf).await {
@@ -114,6 +358,38 @@ async fn serve(session: Session) {
     }
 }
 
+/// Checks the bounds after everything the transport does; never finishes.
+async fn monitor(session: Session, shared: Rc<Shared>) {
+    let buffered_bound = MAX_STREAMS as u64 * RECEIVE_WINDOW + WINDOW_BUDGET;
+    // In frames of at least 8 bytes: the data queue and the batch being written, then the
+    // control queue, then one frame over its bound, a keepalive and CloseMux.
+    let data_bound = 2 * (WRITE_BUFFER_SIZE + APP_CHUNK + HEADER_LEN + 16 * MAX_STREAMS);
+    let backlog_bound = (data_bound / HEADER_LEN + ACCEPT_BACKLOG + 5 * MAX_STREAMS + 3) as u64;
+    poll_fn(|cx: &mut Context<'_>| {
+        *shared.monitor.borrow_mut() = Some(cx.waker().clone());
+        let stats = session.stats();
+        assert!(
+            stats.buffered <= buffered_bound,
+            "{} bytes buffered, over the bound {buffered_bound}",
+            stats.buffered
+        );
+        assert!(
+            stats.live_streams <= MAX_STREAMS,
+            "{} live streams, over max_streams",
+            stats.live_streams
+        );
+        let backlog = stats.frames_sent.saturating_sub(shared.frames_taken.get());
+        assert!(
+            backlog <= backlog_bound,
+            "{backlog} frames queued and not taken by the peer, over the bound \
+             {backlog_bound}, after reading {} frames",
+            stats.frames_received
+        );
+        Poll::<()>::Pending
+    })
+    .await
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&options, input)) = data.split_first() else {
         return;
@@ -125,29 +401,50 @@ fuzz_target!(|data: &[u8]| {
     else {
         return;
     };
-    let polls = Rc::new(Cell::new(0));
-    let peer = Peer {
-        input: input.to_vec(),
-        at: 0,
-        piece: [1, 7, 64, 4096][usize::from(options & 3)],
-        end: options & 4 == 0,
-        polls: Rc::clone(&polls),
-        budget: POLLS_FIXED + POLLS_PER_BYTE * input.len(),
-    };
-    let ends = peer.end;
+    let mut rng = Rng(data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) | 1);
+    let stalls = (options >> 3) & 3;
+    let bytes = peer_bytes(input, (options >> 5) & 3, options & 0x80 != 0, &mut rng);
+    let piece = [1, 7, 64, 4096][usize::from(options & 3)];
+    let shared = Rc::new(Shared {
+        polls: Cell::new(0),
+        budget: POLLS_FIXED + POLLS_PER_BYTE * bytes.len(),
+        frames_taken: Cell::new(0),
+        input_done: Cell::new(false),
+        monitor: RefCell::new(None),
+    });
+    let end = options & 4 == 0;
     let config = Config::default()
-        .max_streams(16)
-        .accept_backlog(4)
-        .write_buffer_size(4096)
+        .max_streams(MAX_STREAMS)
+        .accept_backlog(ACCEPT_BACKLOG)
+        .write_buffer_size(WRITE_BUFFER_SIZE)
+        .receive_window_budget(WINDOW_BUDGET)
         .keepalive_interval(Some(Duration::from_secs(10)))
         .idle_timeout(Some(Duration::from_secs(60)))
         .close_timeout(Duration::from_secs(5));
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
+        let peer = Peer {
+            bytes,
+            at: 0,
+            piece,
+            end,
+            trickle: stalls != 0,
+            just_read: false,
+            random_stalls: stalls & 1 != 0,
+            never_read: (stalls & 2 != 0).then(|| Instant::now() + LONG_STALL),
+            stall: None,
+            rng: Rng(rng.next() | 1),
+            header: Vec::with_capacity(HEADER_LEN),
+            skip: 0,
+            shared: Rc::clone(&shared),
+        };
         let (session, connection) = Session::new(peer, Role::Server, config);
         let driver = tokio::task::spawn_local(connection);
-        tokio::spawn(serve(session.clone()));
-        if ends {
+        tokio::task::spawn_local(serve(session.clone()));
+        tokio::task::spawn_local(monitor(session.clone(), Rc::clone(&shared)));
+        if end {
             // The whole input, then end-of-file: the session must end, in bounded time.
             let ended = tokio::time::timeout(Duration::from_secs(3600), session.closed()).await;
             assert!(ended.is_ok(), "the session outlived its connection");
@@ -161,6 +458,13 @@ fuzz_target!(|data: &[u8]| {
         assert!(
             matches!(finished, Ok(Ok(_))),
             "the driver did not finish cleanly"
+        );
+        let stats = session.stats();
+        let bound = MAX_STREAMS as u64 * RECEIVE_WINDOW + WINDOW_BUDGET;
+        assert!(
+            stats.peak_buffered <= bound,
+            "{} bytes buffered at the peak, over the bound {bound}",
+            stats.peak_buffered
         );
     });
 });

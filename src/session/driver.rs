@@ -9,6 +9,7 @@
 //! polled in the same turn). Reading waits only while the control queue is over its bound,
 //! which only a peer that does not read our frames can cause.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -63,6 +64,10 @@ pub struct Connection<T> {
     /// Where the batch lies in the core's queues, and how much of its data is written.
     batch: Batch,
     batch_data_done: u64,
+    /// Where frames of the batch start (some of them): where control frames may go in.
+    boundaries: VecDeque<u64>,
+    /// Control frames were queued after the batch was taken: they go at the next boundary.
+    control_waiting: bool,
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the queues' memory.
     large_batch_at: Option<Instant>,
@@ -188,6 +193,8 @@ where
             written: Cursor::default(),
             batch: Batch::default(),
             batch_data_done: 0,
+            boundaries: VecDeque::new(),
+            control_waiting: false,
             large_batch_at: None,
             unflushed: false,
             phase: Phase::Active,
@@ -326,9 +333,19 @@ where
             }
             budget = budget.saturating_sub(n);
             if budget == 0 {
-                // The next poll, right after other tasks had their turn, applies what was
-                // read and reads on.
-                return true;
+                // Apply what was read before yielding, so that the readers it wakes run on
+                // this thread next (tokio's LIFO slot) rather than after the driver, perhaps
+                // on another thread; the next poll reads on.
+                match self.apply_frames() {
+                    Ok(paused) => self.read_paused = paused,
+                    Err(error) => {
+                        let close_mux = matches!(error, Error::Protocol(_));
+                        self.peer_closed = matches!(error, Error::ClosedByPeer);
+                        self.end(error, close_mux);
+                        return false;
+                    }
+                }
+                return !self.read_paused;
             }
         }
     }
@@ -410,17 +427,21 @@ where
                 self.write_buf.clear();
                 self.written = Cursor::default();
                 self.batch_data_done = 0;
+                self.boundaries.clear();
                 self.batch = inner.take_batch(
                     Instant::now(),
                     &mut self.control_buf,
                     &mut self.write_buf,
+                    &mut self.boundaries,
                     &mut self.wakers,
                 );
+                self.control_waiting = false;
                 took = true;
                 drop(inner);
                 self.wake_collected();
                 continue;
             }
+            let data_limit = self.control_in_batch();
             let io = Pin::new(&mut self.io);
             let control = &self.control_buf[self.control_done..];
             let result = if io.is_write_vectored() {
@@ -430,12 +451,15 @@ where
                     slices[0] = IoSlice::new(control);
                     count = 1;
                 }
-                count += self.write_buf.slices(&self.written, &mut slices[count..]);
+                count += self
+                    .write_buf
+                    .slices(&self.written, &mut slices[count..], data_limit);
                 io.poll_write_vectored(cx, &slices[..count])
             } else if !control.is_empty() {
                 io.poll_write(cx, control)
             } else {
-                io.poll_write(cx, self.write_buf.next_slice(&self.written))
+                let next = self.write_buf.next_slice(&self.written);
+                io.poll_write(cx, &next[..next.len().min(data_limit)])
             };
             match result {
                 Poll::Ready(Ok(0)) => {
@@ -465,6 +489,33 @@ where
         Poll::Ready(Ok(()))
     }
 
+    /// Control frames queued while the batch is written go out between two of its frames: at
+    /// a recorded frame start, the driver takes them now; before one, it writes data only up
+    /// to it. Returns how much data the next write may carry.
+    fn control_in_batch(&mut self) -> usize {
+        if !self.control_waiting || self.control_done < self.control_buf.len() {
+            return usize::MAX;
+        }
+        let at = self.batch.data_start + self.batch_data_done;
+        while self.boundaries.front().is_some_and(|&start| start < at) {
+            self.boundaries.pop_front();
+        }
+        match self.boundaries.front() {
+            Some(&start) if start == at => {
+                self.control_buf.clear();
+                self.control_done = 0;
+                let mut inner = self.shared.lock();
+                self.batch.control_end = inner.take_control(Instant::now(), &mut self.control_buf);
+                drop(inner);
+                self.control_waiting = false;
+                usize::MAX
+            }
+            Some(&start) => (start - at) as usize,
+            // No frame starts in the rest of the batch: the control goes first in the next.
+            None => usize::MAX,
+        }
+    }
+
     /// Moves past `n` bytes the transport took, and tells the core.
     fn advance(&mut self, n: usize) {
         let control = n.min(self.control_buf.len() - self.control_done);
@@ -489,6 +540,7 @@ where
         let data_pos = self.batch.data_start + self.batch_data_done;
         let mut inner = self.shared.lock();
         inner.written(data_pos, control_pos, n as u64, &mut self.wakers);
+        self.control_waiting = inner.control_waiting();
         drop(inner);
         self.wake_collected();
     }
@@ -745,7 +797,8 @@ where
             {
                 continue;
             }
-            inner.set_driver_waker(cx.waker());
+            let writing = this.write_failed.is_none() && !this.batch_written();
+            inner.set_driver_waker(cx.waker(), writing);
             return Poll::Pending;
         }
     }

@@ -94,17 +94,26 @@ impl OutQueue {
         self.segment(cursor)
     }
 
-    /// Fills `dst` with the unwritten slices after `cursor`, in order; returns how many.
-    pub(crate) fn slices<'a>(&'a self, cursor: &Cursor, dst: &mut [IoSlice<'a>]) -> usize {
+    /// Fills `dst` with the unwritten slices after `cursor`, in order, holding at most `limit`
+    /// bytes together; returns how many.
+    pub(crate) fn slices<'a>(
+        &'a self,
+        cursor: &Cursor,
+        dst: &mut [IoSlice<'a>],
+        limit: usize,
+    ) -> usize {
         let mut at = *cursor;
         let mut count = 0;
-        while count < dst.len() {
+        let mut left = limit;
+        while count < dst.len() && left > 0 {
             let segment = self.segment(&at);
             if segment.is_empty() {
                 break;
             }
+            let segment = &segment[..segment.len().min(left)];
             dst[count] = IoSlice::new(segment);
             count += 1;
+            left -= segment.len();
             self.step(&mut at, segment.len());
         }
         count
@@ -213,7 +222,7 @@ mod tests {
             let mut seen = Vec::new();
             while !queue.is_written(&cursor) {
                 let mut slices = [IoSlice::new(&[]); 3];
-                let count = queue.slices(&cursor, &mut slices);
+                let count = queue.slices(&cursor, &mut slices, usize::MAX);
                 assert!(count > 0);
                 let mut n = 0;
                 for slice in &slices[..count] {

@@ -97,6 +97,11 @@ pub(crate) struct Inner {
     life: Lifecycle,
     /// The driver's waker, taken by whoever gives it something to do.
     driver_waker: Option<Waker>,
+    /// The driver sleeps with a batch in hand that the transport does not take yet: the
+    /// transport wakes it, and it then takes what was queued meanwhile, so queueing output
+    /// need not wake it. (Waking it for every credit returned cost a bulk stream a third of
+    /// its throughput in cross-thread wake-ups: BENCHMARKS.md, "Session core v2".)
+    driver_writing: bool,
     /// The session's clock for window tuning, see [`crate::flow::Tuner`].
     clock: Instant,
     /// The smallest round trip measured, in microseconds.
@@ -125,6 +130,7 @@ impl Inner {
             out: Outgoing::new(),
             life: Lifecycle::new(),
             driver_waker: None,
+            driver_writing: false,
             clock: now,
             min_rtt: None,
             stats: Stats::default(),
@@ -169,16 +175,18 @@ impl Inner {
         now.saturating_duration_since(self.clock).as_micros() as u64 + 1
     }
 
-    /// Registers the driver's waker, unless it is the one already stored.
-    pub(crate) fn set_driver_waker(&mut self, waker: &Waker) {
+    /// Registers the driver's waker, unless it is the one already stored; `writing` says
+    /// whether it sleeps with a batch the transport has not taken yet.
+    pub(crate) fn set_driver_waker(&mut self, waker: &Waker, writing: bool) {
         stream_state::register(&mut self.driver_waker, waker);
+        self.driver_writing = writing;
     }
 
     /// Whether the driver has to be woken after a handle operation: output is waiting, the
     /// session ended, or the last `Session` handle went away (queued inbound streams are to be
     /// dropped, and the session closes itself once no stream is left).
     fn driver_needed(&self) -> bool {
-        self.out.has_output()
+        self.out.has_output() && !self.driver_writing
             || self.life.ended()
             || self.life.session_handles == 0
                 && (self.streams.len() == 0 || !self.accept_queue.is_empty())

@@ -67,7 +67,10 @@ impl Inner {
             .receive(length)
             .map_err(|credit| ProtocolError::WindowExceeded { id, length, credit })?;
         let target = stream.window.target();
-        let rtt_sample = stream.tuner.on_data(length, target, min_rtt, micros);
+        let buffered = stream.buffer.len();
+        let rtt_sample = stream
+            .tuner
+            .on_data(length, buffered, target, min_rtt, micros);
         if stream.recv == RecvState::Stopped {
             // This side stopped reading; the frame was in flight. Its credit is not returned:
             // the peer's writes fail from now on anyway.
@@ -155,6 +158,9 @@ impl Inner {
         );
         // The accept queue holds the stream's handles until `accept` hands them out.
         let key = self.insert_stream(id);
+        if self.streams.get(key).is_some_and(|s| s.window.owes()) {
+            self.queue_credit(key);
+        }
         self.accept_queue.push_back(key);
         self.accept_waiters.wake_all(wakers);
         Ok(())
@@ -167,16 +173,13 @@ impl Inner {
         }
     }
 
-    /// Adds a stream's state; a receive window above the protocol's initial one is announced
-    /// at once.
+    /// Adds a stream's state. A receive window above the protocol's initial one is owed to the
+    /// peer from the start: `poll_open` announces it behind its OpenStream, `on_open` with the
+    /// control frames (the peer knows the stream already).
     pub(super) fn insert_stream(&mut self, id: u32) -> usize {
         let stream = StreamState::new(id, self.config.receive_window);
-        let announce = stream.window.owes();
         let key = self.streams.insert(stream);
         self.ids.insert(id, key);
-        if announce {
-            self.queue_credit(key);
-        }
         key
     }
 

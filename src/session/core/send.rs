@@ -37,10 +37,21 @@ impl Inner {
         }
         self.next_id = id.wrapping_add(2);
         let key = self.insert_stream(id);
-        let mark = self.queue_data_header(Header::new(id, Kind::OpenStream));
-        if let Some(stream) = self.streams.get_mut(key) {
-            stream.data_mark = mark;
+        let mut mark = self.queue_data_header(Header::new(id, Kind::OpenStream));
+        // A window above the protocol's initial one is announced right behind the open: as
+        // a control frame it could reach the peer before the stream does, and be ignored.
+        let announce = self
+            .streams
+            .get_mut(key)
+            .and_then(|s| s.window.take_update());
+        if let Some(credit) = announce {
+            mark = self.queue_data_header(Header {
+                id,
+                length: credit,
+                kind: Kind::WindowUpdate,
+            });
         }
+        self.set_data_mark(key, mark);
         self.stats.streams_opened += 1;
         event!(trace, session = self.id, stream = id, "stream opened");
         Poll::Ready(Ok((key, id)))
@@ -86,7 +97,8 @@ impl Inner {
 
     fn set_data_mark(&mut self, key: usize, mark: u64) {
         if let Some(stream) = self.streams.get_mut(key) {
-            stream.data_mark = mark;
+            stream.mark = mark;
+            stream.mark_in_control = false;
         }
     }
 
@@ -100,7 +112,8 @@ impl Inner {
         waker: &Waker,
         len: usize,
     ) -> Poll<Result<(u32, usize), Error>> {
-        let room = self.holds_room_grant(key) || self.data_has_room();
+        let granted = self.holds_room_grant(key);
+        let room = granted || self.data_has_room();
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
@@ -128,7 +141,9 @@ impl Inner {
         stream.send_credit -= n as u32;
         stream.write_wait = WriteWait::Idle;
         let id = stream.id;
-        self.take_room_grant(key);
+        if granted {
+            self.release_room_grant(HEADER_LEN + n);
+        }
         Poll::Ready(Ok((id, n)))
     }
 

@@ -45,14 +45,19 @@ pub(super) enum Closed {
     ByPeer,
 }
 
-/// What a writer on the stream waits for, so that each event wakes only the writers it can
-/// help: a WindowUpdate wakes a writer waiting for credit, room in the data queue one waiting
-/// for room (see `Outgoing`).
+/// What the stream's writing side waits for, so that each event wakes only the task it can
+/// help: a WindowUpdate a writer waiting for credit, room in the data queue one waiting for
+/// room (see `Outgoing`), the driver's progress a flush or close waiting for its bytes to be
+/// written. One task at a time writes, flushes or closes a stream (each takes `&mut` of the
+/// handle that writes), so one waker serves them all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WriteWait {
     Idle,
     Credit,
     Room,
+    /// Let in by `Inner::wake_room`: room is kept for one frame until it writes.
+    Granted,
+    Written,
 }
 
 pub(super) struct StreamState {
@@ -71,23 +76,23 @@ pub(super) struct StreamState {
     pub(super) tuner: Tuner,
     /// Credit the peer granted and this side has not spent.
     pub(super) send_credit: u32,
-    /// Data-queue position just past this stream's last frame there, and control-queue
-    /// position just past its last close frame there: its bytes are written once the driver
-    /// has written that far in both.
-    pub(super) data_mark: u64,
-    pub(super) control_mark: u64,
+    /// Position just past the last frame this stream queued, in the data queue, or in the
+    /// control queue when `mark_in_control`: its bytes are written once the driver has written
+    /// that far. One mark is enough: a close goes to the control queue only once all the
+    /// stream's data is written, and control frames queued before some data are written
+    /// before that data (they go ahead of the batch it is in, or between its frames).
+    pub(super) mark: u64,
+    pub(super) mark_in_control: bool,
     /// The stream has an entry in the control queue for credit it owes the peer.
     pub(super) credit_queued: bool,
     /// The stream has an entry in the queue of writers waiting for room…
     pub(super) room_queued: bool,
-    /// …or was let in: room kept for it (bytes, grant epoch) until it writes.
-    pub(super) room_grant: Option<(usize, u64)>,
+
     /// The stream has an entry in the queue of tasks waiting for their bytes to be written.
     pub(super) flush_queued: bool,
     pub(super) write_wait: WriteWait,
     pub(super) read_waker: Option<Waker>,
     pub(super) write_waker: Option<Waker>,
-    pub(super) flush_waker: Option<Waker>,
 }
 
 impl StreamState {
@@ -103,16 +108,15 @@ impl StreamState {
             window: RecvWindow::new(receive_window),
             tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
-            data_mark: 0,
-            control_mark: 0,
+            mark: 0,
+            mark_in_control: false,
             credit_queued: false,
             room_queued: false,
-            room_grant: None,
+
             flush_queued: false,
             write_wait: WriteWait::Idle,
             read_waker: None,
             write_waker: None,
-            flush_waker: None,
         }
     }
 
@@ -163,13 +167,20 @@ impl StreamState {
         self.write_wait = WriteWait::Idle;
         wakers.extend(self.read_waker.take());
         wakers.extend(self.write_waker.take());
-        wakers.extend(self.flush_waker.take());
     }
 
     /// The writer, if it waits for `what`.
     pub(super) fn wake_writer(&mut self, what: WriteWait, wakers: &mut Vec<Waker>) {
         if self.write_wait == what {
             self.write_wait = WriteWait::Idle;
+            wakers.extend(self.write_waker.take());
+        }
+    }
+
+    /// The writer waiting for room is let in: woken, with room kept for it.
+    pub(super) fn grant_room(&mut self, wakers: &mut Vec<Waker>) {
+        if self.write_wait == WriteWait::Room {
+            self.write_wait = WriteWait::Granted;
             wakers.extend(self.write_waker.take());
         }
     }
