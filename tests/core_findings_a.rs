@@ -19,10 +19,9 @@
 //! figures.
 
 mod common;
+mod counting;
 mod link;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::{pin, Pin};
@@ -32,6 +31,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use common::{assert_same, pattern, raw_session, within, within_for, Faults, RawPeer};
+use counting::{peak, start_counting};
 use gomux::frame::{Frame, Header, Kind, HEADER_LEN};
 use gomux::{Config, Error, Role, Session, Stream};
 use link::Link;
@@ -635,68 +635,8 @@ async fn flushes_retried_after_the_session_ended_leave_no_registrations_behind()
 }
 
 // ---------------------------------------------------------------------------------------------
-// Finding 4: the control backlog. Counting live bytes, as in tests/fault_memory.rs: the global
-// allocator counts per thread, and the test runs on a current-thread runtime.
-
-struct LiveBytes;
-
-#[global_allocator]
-static ALLOCATOR: LiveBytes = LiveBytes;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    /// Bytes allocated minus bytes freed on this thread since counting started.
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-    static PEAK: Cell<i64> = const { Cell::new(0) };
-}
-
-fn track(delta: i64) {
-    // `try_with`: the allocator also runs while thread-locals are torn down.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            LIVE.with(|live| {
-                let now = live.get() + delta;
-                live.set(now);
-                PEAK.with(|peak| peak.set(peak.get().max(now)));
-            });
-        }
-    });
-}
-
-// SAFETY: every call is passed on to the system allocator unchanged; the counting around it
-// touches only const-initialised thread-locals, which do not allocate.
-unsafe impl GlobalAlloc for LiveBytes {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        track(layout.size() as i64);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        track(layout.size() as i64);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        track(new_size as i64 - layout.size() as i64);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        track(-(layout.size() as i64));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-fn start_counting() {
-    LIVE.with(|l| l.set(0));
-    PEAK.with(|p| p.set(0));
-    COUNTING.with(|c| c.set(true));
-}
-
-/// The most that was live at once since counting started.
-fn peak() -> usize {
-    PEAK.with(Cell::get).max(0) as usize
-}
+// Finding 4: the control backlog. Live bytes are counted with `counting` (per thread), so the
+// test runs on a current-thread runtime.
 
 /// A peer that opens stream after stream (client ids 0, 2, 4, …), `opens` in all, and never
 /// reads a byte of what the session writes. Its opens arrive a few at a time, each packet a

@@ -9,10 +9,9 @@
 //! cases run on real time and bound hangs generously. `--nocapture` prints the figures.
 
 mod common;
+mod counting;
 mod link;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
@@ -23,6 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{gomux_error, raw_session, sessions_with, within, within_for, RawPeer, Transport};
+use counting::{live, peak, start_counting};
 use futures::StreamExt;
 use gomux::frame::{Frame, Header, Kind, HEADER_LEN};
 use gomux::{Config, Error, Role, Session, Stream};
@@ -49,75 +49,6 @@ fn stream_error<T: std::fmt::Debug>(result: io::Result<T>, what: &str) -> Error 
     gomux_error(&error)
         .unwrap_or_else(|| panic!("{what}: no gomux error in {error}"))
         .clone()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Counting live bytes (as in tests/fault_memory.rs): per thread, so only what a current-thread
-// runtime on the test's own thread allocates is counted.
-
-struct LiveBytes;
-
-#[global_allocator]
-static ALLOCATOR: LiveBytes = LiveBytes;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    /// Bytes allocated minus bytes freed on this thread since counting started.
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-    static PEAK: Cell<i64> = const { Cell::new(0) };
-}
-
-fn track(delta: i64) {
-    // `try_with`: the allocator also runs while thread-locals are torn down.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            LIVE.with(|live| {
-                let now = live.get() + delta;
-                live.set(now);
-                PEAK.with(|peak| peak.set(peak.get().max(now)));
-            });
-        }
-    });
-}
-
-// SAFETY: every call is passed on to the system allocator unchanged; the counting around it
-// touches only const-initialised thread-locals, which do not allocate.
-unsafe impl GlobalAlloc for LiveBytes {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        track(layout.size() as i64);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        track(layout.size() as i64);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        track(new_size as i64 - layout.size() as i64);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        track(-(layout.size() as i64));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-fn start_counting() {
-    LIVE.with(|l| l.set(0));
-    PEAK.with(|p| p.set(0));
-    COUNTING.with(|c| c.set(true));
-}
-
-/// Bytes live now, counted since `start_counting`.
-fn live() -> usize {
-    LIVE.with(Cell::get).max(0) as usize
-}
-
-/// The most that was live at once since counting started.
-fn peak() -> usize {
-    PEAK.with(Cell::get).max(0) as usize
 }
 
 // ---------------------------------------------------------------------------------------------
