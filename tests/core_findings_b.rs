@@ -11,13 +11,12 @@
 mod common;
 mod counting;
 mod link;
+mod scripted;
 
 use std::collections::VecDeque;
 use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,7 +26,8 @@ use futures::StreamExt;
 use gomux::frame::{Frame, Header, Kind, HEADER_LEN};
 use gomux::{Config, Error, Role, Session, Stream};
 use link::Link;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use scripted::{Peer, Script, Sink};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, sleep_until, Instant};
 
 const KIB: usize = 1024;
@@ -52,96 +52,6 @@ fn stream_error<T: std::fmt::Debug>(result: io::Result<T>, what: &str) -> Error 
 }
 
 // ---------------------------------------------------------------------------------------------
-// A scripted peer (as in tests/fault_memory.rs): it makes frames up as the session reads them,
-// so the peer itself allocates nothing.
-
-/// What the peer sends: the next frame's header (a Data frame's payload is made up to match),
-/// or `None` once it has sent all it will.
-trait Script: Unpin {
-    fn next_frame(&mut self) -> Option<Header>;
-}
-
-/// The session's transport: reads come from the script, writes are read and ignored.
-struct Peer<S> {
-    script: S,
-    head: [u8; HEADER_LEN],
-    head_sent: usize,
-    payload_left: usize,
-    /// Bytes the session has read so far.
-    fed: Arc<AtomicUsize>,
-}
-
-impl<S: Script> Peer<S> {
-    fn new(script: S) -> (Peer<S>, Arc<AtomicUsize>) {
-        let fed = Arc::new(AtomicUsize::new(0));
-        let peer = Peer {
-            script,
-            head: [0; HEADER_LEN],
-            head_sent: HEADER_LEN,
-            payload_left: 0,
-            fed: Arc::clone(&fed),
-        };
-        (peer, fed)
-    }
-}
-
-/// Payload bytes of the peer's Data frames.
-static FILL: [u8; 4096] = [0x5a; 4096];
-
-impl<S: Script> AsyncRead for Peer<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let start = buf.filled().len();
-        while buf.remaining() > 0 {
-            if self.head_sent < HEADER_LEN {
-                let n = (HEADER_LEN - self.head_sent).min(buf.remaining());
-                buf.put_slice(&self.head[self.head_sent..self.head_sent + n]);
-                self.head_sent += n;
-            } else if self.payload_left > 0 {
-                let n = self.payload_left.min(buf.remaining()).min(FILL.len());
-                buf.put_slice(&FILL[..n]);
-                self.payload_left -= n;
-            } else if let Some(header) = self.script.next_frame() {
-                self.head = header.to_bytes();
-                self.head_sent = 0;
-                if header.kind == Kind::Data {
-                    self.payload_left = header.length as usize;
-                }
-            } else {
-                break;
-            }
-        }
-        let fed = buf.filled().len() - start;
-        if fed == 0 {
-            // The script is over: the peer goes quiet, the connection stays open.
-            return Poll::Pending;
-        }
-        self.fed.fetch_add(fed, Ordering::Relaxed);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: Script> AsyncWrite for Peer<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Poll::Ready(Ok(data.len()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Finding 5: unread large frames pin whole read buffers.
 
@@ -219,7 +129,7 @@ fn hoard(session: &Session) -> tokio::task::JoinHandle<Vec<Stream>> {
 #[tokio::test(start_paused = true)]
 async fn unread_large_frames_do_not_pin_read_buffers_many_times_their_size() {
     start_counting();
-    let (peer, fed) = Peer::new(PinningOpens { opened: 0, step: 0 });
+    let (peer, fed) = Peer::new(PinningOpens { opened: 0, step: 0 }, Sink::Discard);
     let session = Session::with_config(peer, Role::Server, Config::default());
     let hoarder = hoard(&session);
     sleep(Duration::from_secs(40)).await;

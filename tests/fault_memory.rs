@@ -8,129 +8,21 @@
 //! in parallel do not disturb each other. `--nocapture` prints the figures.
 
 mod counting;
+mod scripted;
 
-use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use counting::{peak, start_counting};
 use gomux::frame::{Header, Kind, HEADER_LEN};
 use gomux::{Config, Role, Session, Stream};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use scripted::{Peer, Script, Sink};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
 
 // ---------------------------------------------------------------------------------------------
-// A hostile peer, made of a script.
-
-/// What the peer sends: the next frame's header (a Data frame's payload is made up to match),
-/// or `None` once it has sent all it will.
-trait Script: Unpin {
-    fn next_frame(&mut self) -> Option<Header>;
-}
-
-/// What the peer does with what the session writes.
-#[derive(Clone, Copy)]
-enum Sink {
-    /// Never reads it: every write waits for good.
-    Never,
-    /// Reads and ignores it.
-    Discard,
-}
-
-/// The session's transport: reads come from the script, writes go to the sink.
-struct Peer<S> {
-    script: S,
-    head: [u8; HEADER_LEN],
-    head_sent: usize,
-    payload_left: usize,
-    sink: Sink,
-    /// Bytes the session has read so far.
-    fed: Arc<AtomicUsize>,
-}
-
-impl<S: Script> Peer<S> {
-    /// The peer, and a count of the bytes the session reads from it.
-    fn new(script: S, sink: Sink) -> (Peer<S>, Arc<AtomicUsize>) {
-        let fed = Arc::new(AtomicUsize::new(0));
-        let peer = Peer {
-            script,
-            head: [0; HEADER_LEN],
-            head_sent: HEADER_LEN,
-            payload_left: 0,
-            sink,
-            fed: Arc::clone(&fed),
-        };
-        (peer, fed)
-    }
-}
-
-/// Payload bytes of the peer's Data frames.
-static FILL: [u8; 4096] = [0x5a; 4096];
-
-impl<S: Script> AsyncRead for Peer<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let start = buf.filled().len();
-        while buf.remaining() > 0 {
-            if self.head_sent < HEADER_LEN {
-                let n = (HEADER_LEN - self.head_sent).min(buf.remaining());
-                buf.put_slice(&self.head[self.head_sent..self.head_sent + n]);
-                self.head_sent += n;
-            } else if self.payload_left > 0 {
-                let n = self.payload_left.min(buf.remaining()).min(FILL.len());
-                buf.put_slice(&FILL[..n]);
-                self.payload_left -= n;
-            } else if let Some(header) = self.script.next_frame() {
-                self.head = header.to_bytes();
-                self.head_sent = 0;
-                if header.kind == Kind::Data {
-                    self.payload_left = header.length as usize;
-                }
-            } else {
-                break;
-            }
-        }
-        let fed = buf.filled().len() - start;
-        if fed == 0 {
-            // The script is over: the peer goes quiet, the connection stays open.
-            return Poll::Pending;
-        }
-        self.fed.fetch_add(fed, Ordering::Relaxed);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: Script> AsyncWrite for Peer<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.sink {
-            Sink::Never => Poll::Pending,
-            Sink::Discard => Poll::Ready(Ok(data.len())),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.sink {
-            Sink::Never => Poll::Pending,
-            Sink::Discard => Poll::Ready(Ok(())),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_flush(cx)
-    }
-}
+// Scripts.
 
 /// Opens stream after stream (client ids), each followed by a whole window of data in 4 KiB
 /// frames, `streams` times.
