@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{gomux_error, raw_session, sessions_with, within, within_for, RawPeer, Transport};
+use common::{
+    raw_session, sessions_with, settle, stream_error, within, within_for, RawPeer, Transport,
+};
 use counting::{live, peak, start_counting};
 use futures::StreamExt;
 use gomux::frame::{Frame, Header, Kind, HEADER_LEN};
@@ -36,20 +38,6 @@ const MIB: usize = 1024 * KIB;
 const WINDOW: usize = 64 * KIB;
 /// "Never" on paused time: far beyond anything a correct implementation needs, and free.
 const NEVER: Duration = Duration::from_secs(120);
-
-/// Lets every task run until all of them wait (on paused time, nothing else happens meanwhile).
-async fn settle() {
-    sleep(Duration::from_millis(10)).await;
-}
-
-/// The gomux error carried by a failed stream operation.
-#[track_caller]
-fn stream_error<T: std::fmt::Debug>(result: io::Result<T>, what: &str) -> Error {
-    let error = result.expect_err(what);
-    gomux_error(&error)
-        .unwrap_or_else(|| panic!("{what}: no gomux error in {error}"))
-        .clone()
-}
 
 // ---------------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ use std::io;
 use std::time::Duration;
 
 use common::{
-    assert_same, gomux_error, pattern, raw_session, round_trip, sessions_with, spawn_echo, within,
-    within_for, Faults, Faulty, RawPeer, Transport,
+    assert_same, gomux_error, pattern, raw_session, round_trip, sessions_with, settle, spawn_echo,
+    stream_error, within, within_for, Faults, Faulty, RawPeer, Transport,
 };
 use gomux::frame::{Frame, Header, Kind};
 use gomux::{Config, Error, Role, Session, Stream};
@@ -44,20 +44,6 @@ async fn duplex_pair() -> (Session, Session) {
         Config::default(),
     )
     .await
-}
-
-/// Lets every task run until all of them wait (on paused time, nothing else happens meanwhile).
-async fn settle() {
-    sleep(Duration::from_millis(10)).await;
-}
-
-/// The gomux error carried by a failed stream operation.
-#[track_caller]
-fn stream_error<T: std::fmt::Debug>(result: io::Result<T>, what: &str) -> Error {
-    let error = result.expect_err(what);
-    gomux_error(&error)
-        .unwrap_or_else(|| panic!("{what}: no gomux error in {error}"))
-        .clone()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -131,6 +131,20 @@ pub fn gomux_error(error: &io::Error) -> Option<&gomux::Error> {
         .and_then(|inner| inner.downcast_ref::<gomux::Error>())
 }
 
+/// Lets every task run until all of them wait (on paused time, nothing else happens meanwhile).
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// The gomux error carried by a failed stream operation.
+#[track_caller]
+pub fn stream_error<T: std::fmt::Debug>(result: io::Result<T>, what: &str) -> Error {
+    let error = result.expect_err(what);
+    gomux_error(&error)
+        .unwrap_or_else(|| panic!("{what}: no gomux error in {error}"))
+        .clone()
+}
+
 /// Echoes one stream: everything read is written back, then the write side is shut down.
 pub async fn echo(stream: Stream) {
     let (mut reader, mut writer) = stream.into_split();
