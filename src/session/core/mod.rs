@@ -187,6 +187,7 @@ impl Inner {
     /// dropped, and the session closes itself once no stream is left).
     fn driver_needed(&self) -> bool {
         self.out.has_output() && !self.driver_writing
+            || self.room_to_hand_out()
             || self.life.ended()
             || self.life.session_handles == 0
                 && (self.streams.len() == 0 || !self.accept_queue.is_empty())

@@ -31,7 +31,7 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::slab::Slab;
-use super::stream_state::{register, WriteWait};
+use super::stream_state::{register, Queued, RoomGrant, WriteWait};
 use super::Inner;
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::session::out_queue::OutQueue;
@@ -69,7 +69,7 @@ struct Opener {
     waker: Option<Waker>,
     queued: bool,
     /// Room reserved for it by [`Inner::wake_room`], in that grant epoch.
-    granted: Option<u32>,
+    granted: Option<u8>,
 }
 
 /// Where the parts of one batch the driver took lie in their queues.
@@ -100,7 +100,7 @@ pub(super) struct Outgoing {
     reserved: usize,
     /// Grants of earlier epochs are void; the epoch moves on when the driver finds room
     /// unclaimed (the woken tasks may have been cancelled).
-    grant_epoch: u32,
+    grant_epoch: u8,
     openers: Slab<Opener>,
     flush: VecDeque<FlushWaiter>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
@@ -151,16 +151,33 @@ impl Inner {
     // Queueing.
 
     /// Whether writers and openers without a grant may queue more: the data queue and the
-    /// room reserved for woken waiters are below the queue's size.
+    /// room reserved for woken waiters are below the queue's size, and nobody waits for room
+    /// (who did not wait does not go ahead of those who do).
     pub(super) fn data_has_room(&self) -> bool {
+        self.room_free() && self.out.room.is_empty()
+    }
+
+    /// Whether the data queue and the room reserved are below the queue's size.
+    fn room_free(&self) -> bool {
         self.out.data.len() + self.out.reserved < self.config.write_buffer_size
     }
 
-    /// The stream used its grant of room for a frame of `size` bytes: the room kept for it
-    /// is released. (Room kept for a grant voided meanwhile was released already; the
-    /// subtraction saturates.)
-    pub(super) fn release_room_grant(&mut self, size: usize) {
-        self.out.reserved = self.out.reserved.saturating_sub(size);
+    /// Whether writers wait for room that is free: the driver has to let them in.
+    pub(super) fn room_to_hand_out(&self) -> bool {
+        !self.out.room.is_empty() && self.room_free()
+    }
+
+    /// The stream queued a frame of `size` bytes: what it holds of a grant of room is used up
+    /// by as much, and released from the reservation.
+    pub(super) fn use_room_grant(&mut self, key: usize, size: usize) {
+        let epoch = self.out.grant_epoch;
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        let kept = stream.room_grant.bytes(epoch) as usize;
+        let used = size.min(kept);
+        stream.room_grant = RoomGrant::new(kept - used, epoch);
+        self.out.reserved = self.out.reserved.saturating_sub(used);
     }
 
     /// Whether the stream was let in and may queue even when the queue looks full, since room
@@ -168,7 +185,7 @@ impl Inner {
     pub(super) fn holds_room_grant(&self, key: usize) -> bool {
         self.streams
             .get(key)
-            .is_some_and(|s| s.write_wait == WriteWait::Granted)
+            .is_some_and(|s| s.room_grant.bytes(self.out.grant_epoch) > 0)
     }
 
     /// Takes the opener's grant of room, as [`Inner::take_room_grant`].
@@ -231,8 +248,8 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
-        if !stream.credit_queued {
-            stream.credit_queued = true;
+        if !stream.queued.has(Queued::CREDIT) {
+            stream.queued.set(Queued::CREDIT, true);
             let id = stream.id;
             self.queue_control(Control::Credit { key, id });
         }
@@ -357,10 +374,10 @@ impl Inner {
         // A stale entry (its stream gone, perhaps its key reused) is skipped: the new stream
         // queues its own.
         let stream = self.streams.get_mut(key).filter(|s| s.id == id)?;
-        if !stream.credit_queued {
+        if !stream.queued.has(Queued::CREDIT) {
             return None;
         }
-        stream.credit_queued = false;
+        stream.queued.set(Queued::CREDIT, false);
         if !stream.peer_may_send() {
             return None; // The peer sends no more: credit would be wasted bytes.
         }
@@ -393,14 +410,18 @@ impl Inner {
             let (key, id) = (front.key, front.id);
             out.flush.pop_front();
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
-                stream.flush_queued = false;
+                stream.queued.set(Queued::FLUSH, false);
                 stream.wake_writer(WriteWait::Written, wakers);
             }
         }
     }
 
     /// Lets in writers and openers waiting for room in the data queue, oldest first, until
-    /// what they mean to queue fills the room; returns whether any are left waiting.
+    /// what they mean to queue fills the room; returns whether any are left waiting. Each
+    /// writer let in gets an equal share of the room (at least what it asked for), which it may
+    /// use for several frames: with one frame each, the first of several writers let in at once
+    /// took all the room left over, every batch, and six times the others' share of a link
+    /// (`tests/core_findings_b.rs`, `eight_tuned_streams_on_one_long_fat_link_get_similar_shares`).
     ///
     /// Waking them all instead would wake every blocked task (tens of thousands with as many
     /// streams) for the few that fit, and all but those would queue up again: quadratic work.
@@ -413,6 +434,7 @@ impl Inner {
             .config
             .write_buffer_size
             .saturating_sub(self.out.data.len() + self.out.reserved);
+        let share = room / self.out.room.len().max(1);
         while room > 0 {
             let Some(waiter) = self.out.room.pop_front() else {
                 break;
@@ -422,13 +444,16 @@ impl Inner {
                     let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) else {
                         continue;
                     };
-                    if !stream.room_queued {
+                    if !stream.queued.has(Queued::ROOM) {
                         continue;
                     }
-                    stream.room_queued = false;
-                    stream.grant_room(wakers);
-                    self.out.reserved += want;
-                    room = room.saturating_sub(want);
+                    stream.queued.set(Queued::ROOM, false);
+                    // A share is at most `write_buffer_size`, and a frame at most 8 + 2^24 - 1.
+                    let grant = share.max(want).min(room.max(want));
+                    stream.room_grant = RoomGrant::new(grant, epoch);
+                    stream.wake_writer(WriteWait::Room, wakers);
+                    self.out.reserved += stream.room_grant.bytes(epoch) as usize;
+                    room = room.saturating_sub(grant);
                 }
                 RoomWaiter::Open { slot } => {
                     let Some(opener) = self.out.openers.get_mut(slot) else {
@@ -461,8 +486,8 @@ impl Inner {
             return;
         };
         stream.wait_to_write(WriteWait::Room, waker);
-        if !stream.room_queued {
-            stream.room_queued = true;
+        if !stream.queued.has(Queued::ROOM) {
+            stream.queued.set(Queued::ROOM, true);
             let id = stream.id;
             self.out
                 .room
@@ -514,7 +539,7 @@ impl Inner {
         self.out.room.retain(|waiter| match *waiter {
             RoomWaiter::Stream { key, id, .. } => streams
                 .get(key)
-                .is_some_and(|s| s.id == id && s.room_queued),
+                .is_some_and(|s| s.id == id && s.queued.has(Queued::ROOM)),
             RoomWaiter::Open { slot } => openers.get(slot).is_some_and(|o| o.queued),
         });
     }
@@ -535,8 +560,8 @@ impl Inner {
             return true;
         }
         stream.wait_to_write(WriteWait::Written, waker);
-        if !stream.flush_queued {
-            stream.flush_queued = true;
+        if !stream.queued.has(Queued::FLUSH) {
+            stream.queued.set(Queued::FLUSH, true);
             // The queues' ends now, not the stream's own marks: these only grow, so the
             // driver wakes waiters from the front.
             self.out.flush.push_back(FlushWaiter {
@@ -551,7 +576,7 @@ impl Inner {
                 self.out.flush.retain(|w| {
                     streams
                         .get(w.key)
-                        .is_some_and(|s| s.id == w.id && s.flush_queued)
+                        .is_some_and(|s| s.id == w.id && s.queued.has(Queued::FLUSH))
                 });
             }
         }
@@ -562,8 +587,8 @@ impl Inner {
     /// refused a write): each sees why when it runs.
     pub(super) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
         for stream in self.streams.iter_mut() {
-            stream.room_queued = false;
-            stream.flush_queued = false;
+            stream.queued.set(Queued::ROOM, false);
+            stream.queued.set(Queued::FLUSH, false);
             stream.wake_all(wakers);
         }
         for opener in self.out.openers.iter_mut() {

@@ -142,7 +142,7 @@ impl Inner {
         stream.write_wait = WriteWait::Idle;
         let id = stream.id;
         if granted {
-            self.release_room_grant(HEADER_LEN + n);
+            self.use_room_grant(key, HEADER_LEN + n);
         }
         Poll::Ready(Ok((id, n)))
     }

@@ -55,8 +55,6 @@ pub(super) enum WriteWait {
     Idle,
     Credit,
     Room,
-    /// Let in by `Inner::wake_room`: room is kept for one frame until it writes.
-    Granted,
     Written,
 }
 
@@ -83,13 +81,10 @@ pub(super) struct StreamState {
     /// before that data (they go ahead of the batch it is in, or between its frames).
     pub(super) mark: u64,
     pub(super) mark_in_control: bool,
-    /// The stream has an entry in the control queue for credit it owes the peer.
-    pub(super) credit_queued: bool,
-    /// The stream has an entry in the queue of writers waiting for room…
-    pub(super) room_queued: bool,
-
-    /// The stream has an entry in the queue of tasks waiting for their bytes to be written.
-    pub(super) flush_queued: bool,
+    /// The session's queues the stream has an entry in.
+    pub(super) queued: Queued,
+    /// Room kept for its writer, once let in after waiting for room.
+    pub(super) room_grant: RoomGrant,
     pub(super) write_wait: WriteWait,
     pub(super) read_waker: Option<Waker>,
     pub(super) write_waker: Option<Waker>,
@@ -110,10 +105,8 @@ impl StreamState {
             send_credit: INITIAL_WINDOW,
             mark: 0,
             mark_in_control: false,
-            credit_queued: false,
-            room_queued: false,
-
-            flush_queued: false,
+            queued: Queued::default(),
+            room_grant: RoomGrant::default(),
             write_wait: WriteWait::Idle,
             read_waker: None,
             write_waker: None,
@@ -177,18 +170,60 @@ impl StreamState {
         }
     }
 
-    /// The writer waiting for room is let in: woken, with room kept for it.
-    pub(super) fn grant_room(&mut self, wakers: &mut Vec<Waker>) {
-        if self.write_wait == WriteWait::Room {
-            self.write_wait = WriteWait::Granted;
-            wakers.extend(self.write_waker.take());
-        }
-    }
-
     /// Registers the writer's waker as waiting for `what` (replacing any earlier one).
     pub(super) fn wait_to_write(&mut self, what: WriteWait, waker: &Waker) {
         self.write_wait = what;
         register(&mut self.write_waker, waker);
+    }
+}
+
+/// The session's queues a stream has an entry in, a bit each (every stream pays for its state,
+/// so it is kept small: `core::tests::stream_state_stays_small`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Queued(u8);
+
+impl Queued {
+    /// The control queue, for credit the stream owes the peer.
+    pub(super) const CREDIT: u8 = 1 << 0;
+    /// The queue of writers waiting for room.
+    pub(super) const ROOM: u8 = 1 << 1;
+    /// The queue of tasks waiting for their bytes to be written.
+    pub(super) const FLUSH: u8 = 1 << 2;
+
+    pub(super) fn has(self, queue: u8) -> bool {
+        self.0 & queue != 0
+    }
+
+    pub(super) fn set(&mut self, queue: u8, on: bool) {
+        if on {
+            self.0 |= queue;
+        } else {
+            self.0 &= !queue;
+        }
+    }
+}
+
+/// Room in the data queue kept for a writer let in (see `Inner::wake_room`): bytes in the low
+/// 24 bits (at most 16 MiB, more than any share of the queue needs), the grant epoch in the
+/// high 8. A grant of an earlier epoch is void.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RoomGrant(u32);
+
+impl RoomGrant {
+    const BYTES: u32 = (1 << 24) - 1;
+
+    pub(super) fn new(bytes: usize, epoch: u8) -> RoomGrant {
+        let bytes = u32::try_from(bytes).unwrap_or(Self::BYTES).min(Self::BYTES);
+        RoomGrant(u32::from(epoch) << 24 | bytes)
+    }
+
+    /// The room still kept, if the grant is of `epoch`.
+    pub(super) fn bytes(self, epoch: u8) -> u32 {
+        if self.0 >> 24 == u32::from(epoch) {
+            self.0 & Self::BYTES
+        } else {
+            0
+        }
     }
 }
 
