@@ -144,7 +144,7 @@
 //! | [`close_timeout`](Config::close_timeout) | 10 s | how long a closing session tries to flush, and waits for the peer to close |
 //! | [`write_stall_timeout`](Config::write_stall_timeout) | off | how long the transport may take nothing of what waits for it |
 //!
-//! An idle stream costs about 210 bytes per end, handles included, and holds no buffer until
+//! An idle stream costs about 220 bytes per end, handles included, and holds no buffer until
 //! data arrives.
 //!
 //! # Interoperating with Go gomux
