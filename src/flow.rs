@@ -176,8 +176,9 @@ impl Tuner {
             // The next epoch starts with the next frame.
             self.epoch_at = 0;
             self.epoch_received = 0;
-            // Without the reader keeping up at arrival, loopback windows grew to several MiB
-            // and made one stream slower: larger batches run out of cache (BENCHMARKS.md).
+            // Without the reader keeping up at arrival, loopback windows grew larger and one
+            // stream ran at 0.53–0.63 of the rate: the larger batches that came with them ran
+            // out of cache (BENCHMARKS.md, "Session core v2").
             if buffered <= target / 4 && rtt.or(sample).is_some_and(|rtt| elapsed < rtt) {
                 self.epoch_at = now;
                 self.epoch_received = LIMITED;

@@ -99,8 +99,7 @@ pub(crate) struct Inner {
     driver_waker: Option<Waker>,
     /// The driver sleeps with a batch in hand that the transport does not take yet: the
     /// transport wakes it, and it then takes what was queued meanwhile, so queueing output
-    /// need not wake it. (Waking it for every credit returned cost a bulk stream a third of
-    /// its throughput in cross-thread wake-ups: BENCHMARKS.md, "Session core v2".)
+    /// need not wake it.
     driver_writing: bool,
     /// The session's clock for window tuning, see [`crate::flow::Tuner`].
     clock: Instant,
