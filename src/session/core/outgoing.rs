@@ -162,9 +162,12 @@ impl Inner {
         self.out.data.len() + self.out.reserved < self.config.write_buffer_size
     }
 
-    /// Whether writers wait for room that is free: the driver has to let them in.
+    /// Whether writers wait for room that is free, or that only grants not used up hold (the
+    /// data queue is empty): the driver has to let them in, voiding those grants first. (A
+    /// writer let in that wrote less than its share kept the rest reserved, and an `open`
+    /// behind it waited for good: found by the model test, `tests/model.proptest-regressions`.)
     pub(super) fn room_to_hand_out(&self) -> bool {
-        !self.out.room.is_empty() && self.room_free()
+        !self.out.room.is_empty() && (self.room_free() || self.out.data.is_empty())
     }
 
     /// The stream queued a frame of `size` bytes: what it holds of a grant of room is used up
@@ -180,12 +183,12 @@ impl Inner {
         self.out.reserved = self.out.reserved.saturating_sub(used);
     }
 
-    /// Whether the stream was let in and may queue even when the queue looks full, since room
-    /// was kept for it.
-    pub(super) fn holds_room_grant(&self, key: usize) -> bool {
+    /// The room kept for the stream's writer, if it was let in: it may queue that much even
+    /// when the queue looks full.
+    pub(super) fn room_granted(&self, key: usize) -> usize {
         self.streams
             .get(key)
-            .is_some_and(|s| s.room_grant.bytes(self.out.grant_epoch) > 0)
+            .map_or(0, |s| s.room_grant.bytes(self.out.grant_epoch) as usize)
     }
 
     /// Takes the opener's grant of room, as [`Inner::take_room_grant`].
@@ -603,6 +606,12 @@ impl Inner {
     #[cfg(test)]
     pub(super) fn waiting_entries(&self) -> (usize, usize) {
         (self.out.room.len(), self.out.flush.len())
+    }
+
+    /// Bytes in the data queue, for tests.
+    #[cfg(test)]
+    pub(crate) fn data_len(&self) -> usize {
+        self.out.data.len()
     }
 
     /// Outgoing buffers' capacity, for the driver's test of releasing them.

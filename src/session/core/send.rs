@@ -112,8 +112,10 @@ impl Inner {
         waker: &Waker,
         len: usize,
     ) -> Poll<Result<(u32, usize), Error>> {
-        let granted = self.holds_room_grant(key);
-        let room = granted || self.data_has_room();
+        // A writer let in writes within the room kept for it, so that the writers let in
+        // together stay within the queue's size.
+        let granted = self.room_granted(key).saturating_sub(HEADER_LEN);
+        let room = granted > 0 || self.data_has_room();
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
@@ -131,9 +133,12 @@ impl Inner {
             return Poll::Pending;
         }
         // Use whatever credit there is: a partial frame now beats a whole one later.
-        let n = len
+        let mut n = len
             .min(stream.send_credit as usize)
             .min(self.config.max_payload);
+        if granted > 0 {
+            n = n.min(granted);
+        }
         if !room {
             self.wait_for_room(key, waker, HEADER_LEN + n);
             return Poll::Pending;
@@ -141,7 +146,7 @@ impl Inner {
         stream.send_credit -= n as u32;
         stream.write_wait = WriteWait::Idle;
         let id = stream.id;
-        if granted {
+        if granted > 0 {
             self.use_room_grant(key, HEADER_LEN + n);
         }
         Poll::Ready(Ok((id, n)))

@@ -602,3 +602,39 @@ fn stream_state_stays_small() {
     let size = std::mem::size_of::<super::stream_state::StreamState>();
     assert!(size <= 168, "StreamState takes {size} bytes");
 }
+
+/// The data queue's bound in the `Config` docs: writers let in together, each with a share of
+/// the room, and writers that never waited, stay within `write_buffer_size + max_payload + 8`
+/// bytes of data (closes aside), however many write at once.
+#[test]
+fn writers_let_in_together_stay_within_the_queue_size() {
+    for writers in [2, 3, 5, 40] {
+        writers_within_the_queue_size(writers);
+    }
+}
+
+fn writers_within_the_queue_size(writers: usize) {
+    let config = Config::default().write_buffer_size(256 * 1024);
+    let bound = 256 * 1024 + 65_536 + HEADER_LEN;
+    let mut core = Core::new(Role::Client, config);
+    let streams: Vec<(usize, u32)> = (0..writers).map(|_| core.open()).collect();
+    for &(_, id) in &streams {
+        core.frame(Frame::window_update(id, (1 << 24) - 1))
+            .expect("credit");
+    }
+    let data = vec![7u8; 1 << 20];
+    for _ in 0..20 {
+        // Every writer writes as much as it is let; a batch is taken between rounds.
+        for &(key, _) in &streams {
+            while let Poll::Ready(Ok(n)) = core.inner.poll_write(key, Waker::noop(), &data) {
+                assert!(n > 0);
+                assert!(
+                    core.inner.data_len() <= bound,
+                    "{} bytes queued by {writers} writers, bound {bound}",
+                    core.inner.data_len()
+                );
+            }
+        }
+        core.sent();
+    }
+}
