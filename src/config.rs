@@ -60,8 +60,8 @@ impl Role {
 /// - **Read buffers**: the driver's current one, and up to 64 spares of at most 192 KiB kept
 ///   for reuse, dropped after a second without use.
 /// - **Outgoing frames**: the data queue holds at most `write_buffer_size + max_payload + 8`
-///   bytes written by the application, plus 16 bytes per stream for its closes; the batch being
-///   written holds as much again. The control queue (credit, refusals, closes, keepalives)
+///   bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
+///   plus 16 bytes per stream for its closes; the batch being written holds as much again. The control queue (credit, refusals, closes, keepalives)
 ///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is
 ///   over `accept_backlog + max_streams` frames, which only a peer that does not read our
 ///   frames can cause. (`tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`)
