@@ -284,11 +284,7 @@ where
                     }
                     Ok(false) => self.read_paused = false,
                     Err(error) => {
-                        // A peer that broke the protocol is told so, best effort; one that
-                        // sent CloseMux is closing already.
-                        let close_mux = matches!(error, Error::Protocol(_));
-                        self.peer_closed = matches!(error, Error::ClosedByPeer);
-                        self.end(error, close_mux);
+                        self.end_by_peer(error);
                         return false;
                     }
                 }
@@ -339,15 +335,21 @@ where
                 match self.apply_frames() {
                     Ok(paused) => self.read_paused = paused,
                     Err(error) => {
-                        let close_mux = matches!(error, Error::Protocol(_));
-                        self.peer_closed = matches!(error, Error::ClosedByPeer);
-                        self.end(error, close_mux);
+                        self.end_by_peer(error);
                         return false;
                     }
                 }
                 return !self.read_paused;
             }
         }
+    }
+
+    /// Ends the session for what the peer sent: a peer that broke the protocol is told so,
+    /// best effort; one that sent CloseMux is closing already.
+    fn end_by_peer(&mut self, error: Error) {
+        let close_mux = matches!(error, Error::Protocol(_));
+        self.peer_closed = matches!(error, Error::ClosedByPeer);
+        self.end(error, close_mux);
     }
 
     /// Decodes the whole frames in the read buffer and applies them, under one lock, until the

@@ -191,7 +191,7 @@ impl Inner {
             .map_or(0, |s| s.room_grant.bytes(self.out.grant_epoch) as usize)
     }
 
-    /// Takes the opener's grant of room, as [`Inner::take_room_grant`].
+    /// Takes the opener's grant of room (one OpenStream's worth), if it holds a live one.
     pub(super) fn take_opener_grant(&mut self, slot: Option<usize>) -> bool {
         let epoch = self.out.grant_epoch;
         let Some(opener) = slot.and_then(|key| self.out.openers.get_mut(key)) else {
@@ -270,20 +270,20 @@ impl Inner {
             return;
         };
         let ordered = !stream.mark_in_control && stream.mark > self.out.data_written;
-        let id = stream.id;
-        let header = Header::new(id, kind);
-        if ordered {
-            let mark = self.queue_data_header(header);
-            if let Some(stream) = self.streams.get_mut(key) {
-                stream.mark = mark;
-                stream.mark_in_control = false;
-            }
+        let header = Header::new(stream.id, kind);
+        let (mark, in_control) = if ordered {
+            (self.queue_data_header(header), false)
         } else {
-            let mark = self.queue_control(Control::Frame(header));
-            if let Some(stream) = self.streams.get_mut(key) {
-                stream.mark = mark;
-                stream.mark_in_control = true;
-            }
+            (self.queue_control(Control::Frame(header)), true)
+        };
+        self.set_mark(key, mark, in_control);
+    }
+
+    /// Records where the stream's last frame lies (see `StreamState::mark`).
+    pub(super) fn set_mark(&mut self, key: usize, mark: u64, in_control: bool) {
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.mark = mark;
+            stream.mark_in_control = in_control;
         }
     }
 
@@ -573,17 +573,22 @@ impl Inner {
                 key,
                 id: stream.id,
             });
-            let live = self.streams.len();
-            if self.out.flush.len() > 2 * live + 64 {
-                let streams = &self.streams;
-                self.out.flush.retain(|w| {
-                    streams
-                        .get(w.key)
-                        .is_some_and(|s| s.id == w.id && s.queued.has(Queued::FLUSH))
-                });
-            }
+            self.prune_flush();
         }
         false
+    }
+
+    /// Drops entries of streams that are gone from the flush queue, as `prune_room` does.
+    fn prune_flush(&mut self) {
+        if self.out.flush.len() <= 2 * self.streams.len() + 64 {
+            return;
+        }
+        let streams = &self.streams;
+        self.out.flush.retain(|w| {
+            streams
+                .get(w.key)
+                .is_some_and(|s| s.id == w.id && s.queued.has(Queued::FLUSH))
+        });
     }
 
     /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport

@@ -51,7 +51,7 @@ impl Inner {
                 kind: Kind::WindowUpdate,
             });
         }
-        self.set_data_mark(key, mark);
+        self.set_mark(key, mark, false);
         self.stats.streams_opened += 1;
         event!(trace, session = self.id, stream = id, "stream opened");
         Poll::Ready(Ok((key, id)))
@@ -70,7 +70,7 @@ impl Inner {
         if n > 0 {
             self.queue_data_header(data_header(id, n));
             let mark = self.queue_payload(&data[..n]);
-            self.set_data_mark(key, mark);
+            self.set_mark(key, mark, false);
         }
         Poll::Ready(Ok(n))
     }
@@ -90,16 +90,9 @@ impl Inner {
         if n > 0 {
             self.queue_data_header(data_header(id, n));
             let mark = self.queue_payload_chunk(chunk.split_to(n));
-            self.set_data_mark(key, mark);
+            self.set_mark(key, mark, false);
         }
         Poll::Ready(Ok(n))
-    }
-
-    fn set_data_mark(&mut self, key: usize, mark: u64) {
-        if let Some(stream) = self.streams.get_mut(key) {
-            stream.mark = mark;
-            stream.mark_in_control = false;
-        }
     }
 
     /// Admits a write of up to `len` bytes: the stream's id and how many bytes may go in one
@@ -198,7 +191,6 @@ impl Inner {
             return;
         }
         stream.send = SendState::Shut;
-        stream.wake_writer(WriteWait::Credit, &mut Vec::new());
         if stream.may_send_frames() && !ended {
             self.queue_close(key, Kind::CloseRead);
         }
@@ -213,11 +205,11 @@ impl Inner {
         if stream.recv == RecvState::Stopped {
             return;
         }
-        stream.recv = RecvState::Stopped;
-        let discarded = stream.buffer.discard(&mut self.pins);
-        stream.window.consume(discarded);
         let send = stream.may_send_frames() && !ended;
-        self.count_buffered(-i64::from(discarded));
+        let discarded = self.stop_reading(key);
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.window.consume(discarded);
+        }
         if send {
             self.queue_close(key, Kind::CloseWrite);
         }
@@ -233,13 +225,11 @@ impl Inner {
             return;
         }
         stream.send = SendState::Shut;
-        stream.recv = RecvState::Stopped;
-        let discarded = stream.buffer.discard(&mut self.pins);
         let send = stream.may_send_frames() && !ended;
         if stream.closed == Closed::No {
             stream.closed = Closed::ByUs;
         }
-        self.count_buffered(-i64::from(discarded));
+        self.stop_reading(key);
         if send {
             self.queue_close(key, Kind::CloseStream);
         }
@@ -271,6 +261,18 @@ impl Inner {
         }
     }
 
+    /// Stops the stream's reading: what it buffered is dropped and counted out. Returns how much
+    /// that was.
+    fn stop_reading(&mut self, key: usize) -> u32 {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return 0;
+        };
+        stream.recv = RecvState::Stopped;
+        let discarded = stream.buffer.discard(&mut self.pins);
+        self.count_buffered(-i64::from(discarded));
+        discarded
+    }
+
     /// Closes the stream for good and forgets it.
     fn remove_stream(&mut self, key: usize) {
         let ended = self.life.ended();
@@ -284,8 +286,7 @@ impl Inner {
             .target()
             .saturating_sub(self.config.receive_window);
         self.window_budget += u64::from(grown);
-        let unread = stream.buffer.discard(&mut self.pins);
-        self.count_buffered(-i64::from(unread));
+        let _unread = self.stop_reading(key);
         if send_close {
             self.queue_close(key, Kind::CloseStream);
         }
@@ -295,7 +296,7 @@ impl Inner {
             trace,
             session = self.id,
             stream = id,
-            unread,
+            unread = _unread,
             "stream released"
         );
     }
