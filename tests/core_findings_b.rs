@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    raw_session, sessions_with, settle, stream_error, within, within_for, RawPeer, Transport,
+    duplex_pair, raw_session, settle, stream_error, within, within_for, RawPeer, Transport,
 };
 use counting::{live, peak, start_counting};
 use futures::StreamExt;
@@ -160,16 +160,6 @@ async fn unread_large_frames_do_not_pin_read_buffers_many_times_their_size() {
 
 // ---------------------------------------------------------------------------------------------
 // Finding 6: dropping one half of a split stream.
-
-/// A client and a server with default settings on a roomy in-memory pipe.
-async fn duplex_pair() -> (Session, Session) {
-    sessions_with(
-        Transport::Duplex(64 * KIB),
-        Config::default(),
-        Config::default(),
-    )
-    .await
-}
 
 /// Finding 6a. A client splits a stream, writes a request with the `WriteHalf` and drops it
 /// without calling `shutdown()`, keeping the `ReadHalf` for the answer. Like tokio's

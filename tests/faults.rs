@@ -17,8 +17,8 @@ use std::io;
 use std::time::Duration;
 
 use common::{
-    assert_same, gomux_error, pattern, raw_session, round_trip, sessions_with, settle, spawn_echo,
-    stream_error, within, within_for, Faults, Faulty, RawPeer, Transport,
+    assert_same, duplex_pair, gomux_error, pattern, raw_session, round_trip, sessions_with, settle,
+    spawn_echo, stream_error, within, within_for, Faults, Faulty, RawPeer, Transport,
 };
 use gomux::frame::{Frame, Header, Kind};
 use gomux::{Config, Error, Role, Session, Stream};
@@ -35,16 +35,6 @@ const PROMPT: Duration = Duration::from_secs(1);
 const VIRTUAL_STEP: Duration = Duration::from_secs(600);
 /// The close timeout the stalled-transport cases configure.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A client and a server with default settings on a roomy in-memory pipe.
-async fn duplex_pair() -> (Session, Session) {
-    sessions_with(
-        Transport::Duplex(64 * KIB),
-        Config::default(),
-        Config::default(),
-    )
-    .await
-}
 
 // ---------------------------------------------------------------------------------------------
 // The transport ends mid-frame or is reset.

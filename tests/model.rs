@@ -58,9 +58,8 @@
 //!   allocator measures it; the runtime, the sessions and the test all run on that thread).
 
 mod common;
+mod counting;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::{pin, Pin};
@@ -70,6 +69,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use common::{gomux_error, pattern};
+use counting::{live, start_counting};
 use gomux::frame::{INITIAL_WINDOW, MAX_PAYLOAD};
 use gomux::{Config, Error, Role, Session, Stream};
 use proptest::prelude::*;
@@ -93,51 +93,6 @@ const REPOLL_SLACK: i64 = 1024;
 const BULK_POLLS: u64 = 1_000_000;
 /// Transport calls in one case before it counts as spinning (the transport then fails).
 const TRANSPORT_CALLS: u64 = 20_000_000;
-
-// ---------------------------------------------------------------------------------------------
-// Counting the test thread's memory.
-
-/// The system allocator, keeping a per-thread count of live bytes.
-struct CountingAllocator;
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-thread_local! {
-    /// Bytes allocated minus bytes freed on this thread.
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-}
-
-fn note(delta: i64) {
-    // `try_with`: the thread's locals may be gone while it exits.
-    let _ = LIVE.try_with(|live| live.set(live.get() + delta));
-}
-
-fn live_bytes() -> i64 {
-    LIVE.with(Cell::get)
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size() as i64);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size() as i64);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note(-(layout.size() as i64));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size as i64 - layout.size() as i64);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // A transport that cuts I/O into small pieces, and can stall its writes.
@@ -651,13 +606,13 @@ fn repoll<F: Future>(future: Pin<&mut F>) -> (Option<F::Output>, i64) {
     if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
         return (Some(output), 0);
     }
-    let before = live_bytes();
+    start_counting();
     for _ in 1..REPOLLS {
         if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
             return (Some(output), 0);
         }
     }
-    (None, live_bytes() - before)
+    (None, live() as i64)
 }
 
 impl Model {

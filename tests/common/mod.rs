@@ -90,6 +90,11 @@ pub async fn sessions_with(
     )
 }
 
+/// A client and a server with default settings on a roomy (64 KiB) in-memory pipe.
+pub async fn duplex_pair() -> (Session, Session) {
+    sessions(Transport::Duplex(64 * 1024)).await
+}
+
 /// A client and a server session with default settings.
 pub async fn sessions(transport: Transport) -> (Session, Session) {
     sessions_with(transport, Config::default(), Config::default()).await
