@@ -10,11 +10,12 @@
 // The suite and the speed tool each use their own subset.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -64,12 +65,18 @@ fn build_now() -> Result<PathBuf, String> {
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest_dir().join("target"));
     let out_dir = target.join("gomux-go-peer");
-    std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
     let binary = out_dir.join("gomux-go-peer");
     // Built under another name and renamed, so that a run that starts meanwhile never sees a
     // half-written binary.
     let partial = out_dir.join(format!("gomux-go-peer.{}", std::process::id()));
-    let output = Command::new(&go)
+    let mut command = Command::new(&go);
+    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
+        // Go needs a build cache and finds none without a home directory.
+        command.env("GOCACHE", out_dir.join("cache"));
+    }
+    let output = command
         .current_dir(&source)
         .args(["build", "-o"])
         .arg(&partial)
@@ -93,12 +100,24 @@ fn build_now() -> Result<PathBuf, String> {
 /// A running Go peer. Killed when dropped, so that a failing caller leaves no process behind.
 pub struct GoPeer {
     child: Child,
+    /// Lines for the program's stdin (the interop scenarios take "close" and "continue").
+    stdin: GoStdin,
     /// Lines the program printed on stdout, as they come.
     stdout: mpsc::Receiver<String>,
     /// Everything it printed on stderr, once it exits.
     stderr: mpsc::Receiver<String>,
     /// Every stdout line seen so far.
     pub lines: Vec<String>,
+}
+
+/// What [`GoPeer::poll_line`] found.
+pub enum Line {
+    /// The rest of the line after the prefix.
+    Found(String),
+    /// No such line yet.
+    NotYet,
+    /// The program closed its stdout (it ended) without printing one.
+    Ended,
 }
 
 /// How a Go peer's run ended.
@@ -127,10 +146,11 @@ impl GoPeer {
     pub fn spawn(binary: &Path, args: &[String]) -> std::io::Result<GoPeer> {
         let mut child = Command::new(binary)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
+        let stdin = GoStdin(Arc::new(Mutex::new(child.stdin.take())));
         let (line_tx, stdout) = mpsc::channel();
         let out = child.stdout.take().expect("stdout is piped");
         thread::spawn(move || {
@@ -150,6 +170,7 @@ impl GoPeer {
         });
         Ok(GoPeer {
             child,
+            stdin,
             stdout,
             stderr,
             lines: Vec::new(),
@@ -159,6 +180,15 @@ impl GoPeer {
     /// Waits up to `limit` for a stdout line that starts with `prefix`, and returns the rest of
     /// it.
     pub fn wait_line(&mut self, prefix: &str, limit: Duration) -> Result<String, String> {
+        match self.poll_line(prefix, limit) {
+            Line::Found(rest) => Ok(rest),
+            Line::NotYet => Err(format!("no line starting with {prefix:?} within {limit:?}")),
+            Line::Ended => Err(format!("the Go peer ended before printing {prefix:?}")),
+        }
+    }
+
+    /// Waits up to `limit` for a stdout line that starts with `prefix`.
+    pub fn poll_line(&mut self, prefix: &str, limit: Duration) -> Line {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -166,15 +196,11 @@ impl GoPeer {
                 Ok(line) => {
                     self.lines.push(line.clone());
                     if let Some(rest) = line.strip_prefix(prefix) {
-                        return Ok(rest.trim().to_owned());
+                        return Line::Found(rest.trim().to_owned());
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(format!("no line starting with {prefix:?} within {limit:?}"))
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(format!("the Go peer ended before printing {prefix:?}"))
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return Line::NotYet,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Line::Ended,
             }
         }
     }
@@ -186,8 +212,20 @@ impl GoPeer {
             .map_err(|e| format!("bad listening address {rest:?}: {e}"))
     }
 
-    /// Waits up to `limit` for the program to exit; kills it if it has not by then.
-    pub fn finish(mut self, limit: Duration) -> Exit {
+    /// A handle that sends lines to the program's stdin.
+    pub fn stdin(&self) -> GoStdin {
+        self.stdin.clone()
+    }
+
+    /// Whether the program has exited.
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits up to `limit` for the program to exit; kills it if it has not by then. A program
+    /// still running at the deadline first gets SIGQUIT, on which a Go program prints the stack
+    /// of every goroutine to stderr and exits: the stacks say where it hung.
+    pub fn finish(&mut self, limit: Duration) -> Exit {
         let deadline = Instant::now() + limit;
         let status = loop {
             match self.child.try_wait() {
@@ -196,10 +234,21 @@ impl GoPeer {
                 _ => break None,
             }
         };
-        if status.is_none() {
+        let status = status.or_else(|| {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &self.child.id().to_string()])
+                .status();
+            let quit_deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < quit_deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
-        }
+            None
+        });
         while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(1)) {
             self.lines.push(line);
         }
@@ -213,6 +262,25 @@ impl GoPeer {
                 stderr,
             },
             None => Exit::Hung { stderr },
+        }
+    }
+}
+
+/// Sends lines to a Go peer's stdin; cheap to clone.
+#[derive(Clone)]
+pub struct GoStdin(Arc<Mutex<Option<ChildStdin>>>);
+
+impl GoStdin {
+    /// Sends one line. A program that has exited is not an error here: its exit status tells.
+    pub fn send(&self, line: &str) {
+        let mut stdin = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pipe) = stdin.as_mut() {
+            if writeln!(pipe, "{line}")
+                .and_then(|()| pipe.flush())
+                .is_err()
+            {
+                *stdin = None;
+            }
         }
     }
 }
