@@ -171,7 +171,8 @@
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
-#![warn(rust_2018_idioms, unreachable_pub)]
+#![warn(rust_2018_idioms, unreachable_pub, missing_debug_implementations)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod codec;
 mod config;
@@ -192,6 +193,7 @@ pub use crate::stats::Stats;
 /// `stream.compat()` makes a [`Stream`] a `futures::io::AsyncRead + AsyncWrite`, and
 /// `transport.compat()` makes a `futures::io` transport usable under a [`Session`].
 #[cfg(feature = "futures-io")]
+#[cfg_attr(docsrs, doc(cfg(feature = "futures-io")))]
 pub mod compat {
     pub use tokio_util::compat::*;
 }

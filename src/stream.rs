@@ -3,7 +3,7 @@
 //!
 //! # Closing
 //!
-//! - [`AsyncWriteExt::shutdown`](tokio::io::AsyncWriteExt::shutdown) half-closes: the peer
+//! - [`AsyncWriteExt::shutdown`](https://docs.rs/tokio/1/tokio/io/trait.AsyncWriteExt.html#method.shutdown) half-closes: the peer
 //!   reads end-of-stream after the data already written (CloseRead, kind 3, on the wire). This
 //!   side can still read.
 //! - [`Stream::close_read`] tells the peer this side reads no more: its writes fail (CloseWrite,
@@ -62,7 +62,7 @@ use crate::session::core::{Inner, Shared};
 /// One multiplexed stream: `AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static`.
 ///
 /// Reading and writing from two tasks at once works with [`Stream::into_split`] (or
-/// [`tokio::io::split`]). See the [module docs](crate::stream) for closing and cancel safety.
+/// [`tokio::io::split`](https://docs.rs/tokio/1/tokio/io/fn.split.html)). See the [module docs](crate::stream) for closing and cancel safety.
 pub struct Stream {
     handle: Handle,
 }

@@ -10,6 +10,7 @@
 //! which only a peer that does not read our frames can cause.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -100,6 +101,21 @@ pub struct Connection<T> {
     #[cfg(feature = "tracing")]
     span: tracing::Span,
     _end_on_drop: EndOnDrop,
+}
+
+impl<T> fmt::Debug for Connection<T> {
+    /// The session and where the driver is in its life; not the transport, which need not be
+    /// `Debug`, nor the buffers.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.shared.lock();
+        f.debug_struct("Connection")
+            .field("session", &inner.id)
+            .field("role", &inner.role)
+            .field("phase", &self.phase)
+            .field("streams", &inner.stream_count())
+            .field("read_closed", &self.read_closed)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

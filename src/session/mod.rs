@@ -160,7 +160,7 @@ impl Session {
             .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
     }
 
-    /// The streams the peer opens, as a [`futures::Stream`]. It ends after the session does: a
+    /// The streams the peer opens, as a [`futures_core::Stream`]. It ends after the session does: a
     /// session closed by this side ends it at once; any other end yields that error once first.
     pub fn incoming(&self) -> Incoming {
         Incoming {
@@ -318,7 +318,7 @@ impl Drop for Incoming {
     }
 }
 
-impl futures::Stream for Incoming {
+impl futures_core::Stream for Incoming {
     type Item = Result<Stream, Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -375,7 +375,7 @@ mod tests {
             assert!(pin!(session.accept()).poll(&mut cx).is_pending());
             assert!(pin!(session.closed()).poll(&mut cx).is_pending());
             let mut incoming = session.incoming();
-            assert!(futures::Stream::poll_next(pin!(&mut incoming), &mut cx).is_pending());
+            assert!(futures_core::Stream::poll_next(pin!(&mut incoming), &mut cx).is_pending());
         }
         assert_eq!(session.shared.lock().session_waiters(), (0, 0));
     }
