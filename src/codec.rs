@@ -26,7 +26,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::error::{CodecError, ProtocolError};
+use crate::error::{CodecError, InvalidFrame, ProtocolError};
 use crate::frame::{Frame, Header, Kind, HEADER_LEN, MAX_LENGTH_FIELD, MAX_PAYLOAD};
 
 /// Encoder and decoder of gomux frames.
@@ -171,22 +171,30 @@ impl Encoder<Frame> for FrameCodec {
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
         let Frame { header, payload } = frame;
+        let invalid = |why| Err(CodecError::InvalidFrame(why));
         if header.length > MAX_LENGTH_FIELD {
-            return Err(CodecError::InvalidFrame("length above the 24-bit field"));
+            return invalid(InvalidFrame::LengthTooLarge {
+                length: header.length,
+            });
         }
         if header.kind == Kind::Data {
             if payload.len() != header.length as usize {
-                return Err(CodecError::InvalidFrame(
-                    "data length field differs from the payload length",
-                ));
+                return invalid(InvalidFrame::LengthMismatch {
+                    length: header.length,
+                    payload: payload.len(),
+                });
             }
             if payload.len() > self.max_payload {
-                return Err(CodecError::InvalidFrame("data payload above the maximum"));
+                return invalid(InvalidFrame::PayloadTooLarge {
+                    length: payload.len(),
+                    max: self.max_payload,
+                });
             }
         } else if !payload.is_empty() {
-            return Err(CodecError::InvalidFrame(
-                "payload on a frame kind that has none",
-            ));
+            return invalid(InvalidFrame::UnexpectedPayload {
+                kind: header.kind,
+                length: payload.len(),
+            });
         }
         dst.reserve(HEADER_LEN + payload.len());
         dst.put_slice(&header.to_bytes());

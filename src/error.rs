@@ -111,8 +111,8 @@ impl error::Error for ProtocolError {}
 pub enum CodecError {
     /// The input breaks the protocol.
     Protocol(ProtocolError),
-    /// The encoder was handed a frame that cannot be put on the wire (the text says why).
-    InvalidFrame(&'static str),
+    /// The encoder was handed a frame that cannot be put on the wire.
+    InvalidFrame(InvalidFrame),
     /// The underlying transport failed.
     Io(io::Error),
 }
@@ -127,11 +127,71 @@ impl fmt::Display for CodecError {
     }
 }
 
+/// Why [`FrameCodec`](crate::codec::FrameCodec) refused to encode a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidFrame {
+    /// The length field does not fit the header's 24 bits.
+    LengthTooLarge {
+        /// The length given.
+        length: u32,
+    },
+    /// A Data frame whose length field differs from its payload's length.
+    LengthMismatch {
+        /// The length field.
+        length: u32,
+        /// The payload's length.
+        payload: usize,
+    },
+    /// A Data payload above the codec's maximum.
+    PayloadTooLarge {
+        /// The payload's length.
+        length: usize,
+        /// The codec's maximum payload.
+        max: usize,
+    },
+    /// A payload on a frame of a kind that carries none (every kind but Data).
+    UnexpectedPayload {
+        /// The frame's kind.
+        kind: crate::frame::Kind,
+        /// The payload's length.
+        length: usize,
+    },
+}
+
+impl fmt::Display for InvalidFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidFrame::LengthTooLarge { length } => {
+                write!(f, "length {length} does not fit the 24-bit field")
+            }
+            InvalidFrame::LengthMismatch { length, payload } => write!(
+                f,
+                "data length field {length} differs from the payload length {payload}"
+            ),
+            InvalidFrame::PayloadTooLarge { length, max } => {
+                write!(
+                    f,
+                    "data payload of {length} bytes above the maximum of {max}"
+                )
+            }
+            InvalidFrame::UnexpectedPayload { kind, length } => {
+                write!(
+                    f,
+                    "payload of {length} bytes on a {kind:?} frame, which has none"
+                )
+            }
+        }
+    }
+}
+
+impl error::Error for InvalidFrame {}
+
 impl error::Error for CodecError {
     fn source(&self) -> Option<&(dyn error::Error + 'static)> {
         match self {
             CodecError::Protocol(e) => Some(e),
-            CodecError::InvalidFrame(_) => None,
+            CodecError::InvalidFrame(e) => Some(e),
             CodecError::Io(e) => Some(e),
         }
     }
@@ -181,9 +241,45 @@ pub enum Error {
     /// timeout (the peer stopped reading while keeping the connection open); the session is
     /// over. (`TimedOut`)
     WriteStalled,
+    /// [`Session::graceful_close`](crate::Session::graceful_close) reached its deadline with
+    /// streams still open; the session was closed all the same, cutting them. (`TimedOut`)
+    GracefulCloseTimedOut {
+        /// Streams still open at the deadline.
+        streams: usize,
+    },
 }
 
 impl Error {
+    /// The gomux error inside an [`io::Error`] that a stream's `AsyncRead`/`AsyncWrite`
+    /// returned, if it came from this crate (every error a stream reports does).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.shutdown().await?;
+    /// let error = stream.write_all(b"late").await.unwrap_err();
+    /// assert!(matches!(gomux::Error::from_io(&error), Some(gomux::Error::WriteClosed)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_io(error: &io::Error) -> Option<&Error> {
+        error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<Error>())
+    }
+
+    /// Whether this is a graceful end of the session: closed by this side
+    /// ([`ClosedLocally`](Error::ClosedLocally)) or by the peer with CloseMux
+    /// ([`ClosedByPeer`](Error::ClosedByPeer)).
+    pub fn is_graceful(&self) -> bool {
+        matches!(self, Error::ClosedLocally | Error::ClosedByPeer)
+    }
+
     /// Whether this error reports the session's end rather than a problem of one operation.
     pub fn is_session_end(&self) -> bool {
         !matches!(
@@ -200,7 +296,9 @@ impl Error {
             Error::ClosedByPeer => io::ErrorKind::ConnectionAborted,
             Error::ConnectionClosed => io::ErrorKind::ConnectionReset,
             Error::UnexpectedEof => io::ErrorKind::UnexpectedEof,
-            Error::IdleTimeout | Error::WriteStalled => io::ErrorKind::TimedOut,
+            Error::IdleTimeout | Error::WriteStalled | Error::GracefulCloseTimedOut { .. } => {
+                io::ErrorKind::TimedOut
+            }
             Error::Transport(e) => e.kind(),
             Error::TooManyStreams => io::ErrorKind::Other,
             Error::WriteClosed | Error::PeerReadClosed => io::ErrorKind::BrokenPipe,
@@ -224,6 +322,10 @@ impl fmt::Display for Error {
             Error::WriteStalled => {
                 f.write_str("the transport took no bytes within the write-stall timeout")
             }
+            Error::GracefulCloseTimedOut { streams } => write!(
+                f,
+                "{streams} streams still open at the graceful close's deadline were cut"
+            ),
         }
     }
 }

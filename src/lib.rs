@@ -68,10 +68,16 @@
 //!
 //! Writes are coalesced: every writer appends frames to one outgoing queue of
 //! [`Config::write_buffer_size`] bytes (1 MiB), which the driver writes in large transport
-//! writes, whatever Nagle's algorithm is set to. Writers waiting for room in that queue are
-//! let in oldest first, with room kept for them, so streams writing at once share the
-//! connection, and a small frame waits behind at most that queue and what the transport holds,
-//! never behind another stream's whole transfer. Control frames (credit returned, refusals,
+//! writes. That merges what is queued at once, not what comes one write at a time: a lone small
+//! frame (a request, a credit update) goes out on its own, and over TCP with Nagle's algorithm
+//! on it waits for the peer's acknowledgement of the previous one, which the peer may delay.
+//! **Set `TCP_NODELAY`**
+//! ([`TcpStream::set_nodelay(true)`](https://docs.rs/tokio/1/tokio/net/struct.TcpStream.html#method.set_nodelay))
+//! on both ends of a TCP transport, as HTTP/2 and QUIC stacks do.
+//!
+//! Writers waiting for room in the queue are let in oldest first, with room kept for them, so
+//! streams writing at once share the connection, and a small frame waits behind at most that
+//! queue and what the transport holds, never behind another stream's whole transfer. Control frames (credit returned, refusals,
 //! closes of streams with nothing queued, keepalives) have a queue of their own, which the
 //! driver writes ahead of the data at the start of every batch: a side busy sending keeps
 //! returning credit for what it receives.
@@ -98,8 +104,8 @@
 //! | `shutdown()` (`AsyncWriteExt`) | CloseRead | can still read | reads end-of-stream after the data |
 //! | [`Stream::close_read`] | CloseWrite | reads end, arriving data discarded | its writes fail |
 //! | [`Stream::close`] | CloseStream | both ways closed; waits until written | reads end-of-stream, writes fail |
-//! | dropping the [`WriteHalf`](stream::WriteHalf) | CloseRead | can still read | as for `shutdown()` |
-//! | dropping the [`ReadHalf`](stream::ReadHalf) | CloseWrite | can still write | as for `close_read` |
+//! | dropping the [`OwnedWriteHalf`](stream::OwnedWriteHalf) | CloseRead | can still read | as for `shutdown()` |
+//! | dropping the [`OwnedReadHalf`](stream::OwnedReadHalf) | CloseWrite | can still write | as for `close_read` |
 //! | dropping the `Stream` (both halves) | CloseStream | | as for `close` |
 //! | [`Session::close`] | CloseMux; the transport is shut down for writing, then read until the peer's CloseMux or end of file | every stream fails with [`Error::ClosedLocally`] (buffered data stays readable) | [`Error::ClosedByPeer`] |
 //!
@@ -185,7 +191,7 @@ pub mod stream;
 mod trace;
 
 pub use crate::config::{Config, Role};
-pub use crate::error::{CodecError, Error, ProtocolError};
+pub use crate::error::{CodecError, Error, InvalidFrame, ProtocolError};
 pub use crate::session::{Connection, Incoming, Session};
 pub use crate::stats::Stats;
 
@@ -207,8 +213,8 @@ mod tests {
     fn handles_are_send_sync_unpin_static() {
         assert_traits::<crate::Session>();
         assert_traits::<crate::Stream>();
-        assert_traits::<crate::stream::ReadHalf>();
-        assert_traits::<crate::stream::WriteHalf>();
+        assert_traits::<crate::stream::OwnedReadHalf>();
+        assert_traits::<crate::stream::OwnedWriteHalf>();
         assert_traits::<crate::Error>();
         assert_traits::<crate::Connection<tokio::net::TcpStream>>();
     }

@@ -12,8 +12,8 @@
 //!   has reached the transport.
 //! - Dropping the stream (both halves, if split) closes it like `close` without waiting. Data
 //!   already written is queued ahead of the close, so nothing is lost.
-//! - Dropping only the [`WriteHalf`] shuts writing down, as `shutdown` does (as tokio's
-//!   `OwnedWriteHalf` does on drop); dropping only the [`ReadHalf`] stops reading, as
+//! - Dropping only the [`OwnedWriteHalf`] shuts writing down, as `shutdown` does (as tokio's
+//!   `OwnedWriteHalf` does on drop); dropping only the [`OwnedReadHalf`] stops reading, as
 //!   [`Stream::close_read`] does, so a peer waiting for credit learns that nobody reads.
 //!
 //! # Flushing
@@ -67,15 +67,65 @@ pub struct Stream {
     handle: Handle,
 }
 
-/// The reading half of a [`Stream`], from [`Stream::into_split`].
-pub struct ReadHalf {
+/// The reading half of a [`Stream`], from [`Stream::into_split`]; [`reunite`](OwnedReadHalf::reunite)
+/// puts the halves back together.
+pub struct OwnedReadHalf {
     handle: Handle,
 }
 
 /// The writing half of a [`Stream`], from [`Stream::into_split`].
-pub struct WriteHalf {
+pub struct OwnedWriteHalf {
     handle: Handle,
 }
+
+/// The former name of [`OwnedReadHalf`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `OwnedReadHalf`, as tokio names its owned halves"
+)]
+pub type ReadHalf = OwnedReadHalf;
+
+/// The former name of [`OwnedWriteHalf`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `OwnedWriteHalf`, as tokio names its owned halves"
+)]
+pub type WriteHalf = OwnedWriteHalf;
+
+/// How the peer stopped taking data on a stream, from [`Stream::stopped`].
+///
+/// The protocol has no refusal frame and no error codes: a peer refuses a stream (its accept
+/// backlog is full, or it drains) by closing it at once, so a stream the peer closed before it
+/// sent anything on it is reported as refused. A peer that accepts a stream and closes it
+/// without a word looks the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stopped {
+    /// The peer stopped reading (CloseWrite, from its `close_read` or Go's `CloseRead`); it may
+    /// still send.
+    ReadClosed,
+    /// The peer closed the stream (CloseStream) after it had sent something on it.
+    Closed,
+    /// The peer closed the stream (CloseStream) before sending anything on it: refused.
+    Refused,
+}
+
+/// The halves given to [`OwnedReadHalf::reunite`] were not of the same stream; here they are
+/// back.
+#[derive(Debug)]
+pub struct ReuniteError(pub OwnedReadHalf, pub OwnedWriteHalf);
+
+impl fmt::Display for ReuniteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tried to reunite halves of different streams ({} and {})",
+            self.0.handle.id, self.1.handle.id
+        )
+    }
+}
+
+impl std::error::Error for ReuniteError {}
 
 /// A counted reference to a stream's state, for reading, writing or both. When the last
 /// reading one goes the stream stops reading on the wire, when the last writing one goes it
@@ -140,6 +190,38 @@ impl Handle {
         .map_err(io::Error::from)
     }
 
+    async fn stopped(&self) -> Result<Stopped, Error> {
+        poll_fn(|cx| self.shared.lock().poll_stopped(self.key, cx.waker())).await
+    }
+
+    fn peer_stopped(&self) -> Option<Stopped> {
+        self.shared.lock().peer_stopped(self.key)
+    }
+
+    fn buffered(&self) -> usize {
+        self.shared.lock().buffered(self.key)
+    }
+
+    /// Queues `close` (a CloseStream or the write side's shutdown) and waits until the
+    /// stream's bytes, that frame included, are written, within the close timeout.
+    async fn close_with(&self, close: fn(&mut Inner, usize)) -> Result<(), Error> {
+        let limit = self.with_driver(|inner, key| {
+            close(inner, key);
+            inner.config.close_timeout
+        });
+        let flushed = poll_fn(|cx| {
+            self.shared
+                .with_driver(|inner, _| inner.poll_written(self.key, cx.waker()))
+        });
+        match tokio::time::timeout(limit, flushed).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Transport(Arc::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the transport did not take the stream's data within the close timeout",
+            )))),
+        }
+    }
+
     /// The reading and the writing half of a handle for both: the state counts a `Stream` as
     /// one reader and one writer, so nothing changes there.
     fn split(mut self) -> (Handle, Handle) {
@@ -182,7 +264,44 @@ impl Stream {
 
     /// Bytes received and not yet read.
     pub fn buffered(&self) -> usize {
-        self.handle.shared.lock().buffered(self.handle.key)
+        self.handle.buffered()
+    }
+
+    /// Waits until the peer stops taking data on this stream, and says how: it stopped
+    /// reading, closed the stream, or refused it (see [`Stopped`]). What quinn's `stopped()`
+    /// and h2's `poll_reset` tell, as far as the protocol can: a writer learns it without
+    /// having to write, and a stream the peer refused is told apart from one it half-closed
+    /// (reads end the same way on both).
+    ///
+    /// Several tasks may wait on it, but only the last one to poll is woken: wait from one
+    /// task (for example in a `select!` beside the copying).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let client = gomux::Session::client(a);
+    /// let config = gomux::Config::default().accept_backlog(1);
+    /// let _server = gomux::Session::with_config(b, gomux::Role::Server, config);
+    ///
+    /// let first = client.open().await?; // fills the server's backlog of 1
+    /// let second = client.open().await?;
+    /// assert_eq!(second.stopped().await?, gomux::stream::Stopped::Refused);
+    /// # drop(first);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The session's error, when it ended before the peer stopped.
+    pub async fn stopped(&self) -> Result<Stopped, Error> {
+        self.handle.stopped().await
+    }
+
+    /// How the peer stopped taking data on this stream, if it has (see [`Stream::stopped`]).
+    pub fn peer_stopped(&self) -> Option<Stopped> {
+        self.handle.peer_stopped()
     }
 
     /// Stops reading: the peer is told (CloseWrite) and its writes fail; buffered and arriving
@@ -196,6 +315,13 @@ impl Stream {
     /// [close timeout](crate::Config::close_timeout). Afterwards reads return end-of-stream
     /// and writes fail.
     ///
+    /// This is not the `close` of yamux's streams or of `futures::io::AsyncWriteExt`, which
+    /// only half-close: after this one the peer's writes fail and whatever it still sends is
+    /// discarded, so code ported from yamux that closes and then reads the reply loses the
+    /// reply. To send end-of-stream and keep reading, half-close with tokio's `shutdown()`
+    /// (which is also what futures' `close()` does through `gomux::compat` when the
+    /// `futures-io` feature is on) or [`OwnedWriteHalf::close`].
+    ///
     /// # Errors
     ///
     /// The session's error when it ended before the stream's data reached the transport, or
@@ -203,23 +329,7 @@ impl Stream {
     /// [`Error::Transport`] of kind `TimedOut` when the transport did not take it within the
     /// close timeout (it stays queued, and goes out if the transport recovers).
     pub async fn close(&mut self) -> Result<(), Error> {
-        let limit = self.handle.with_driver(|inner, key| {
-            inner.close_stream(key);
-            inner.config.close_timeout
-        });
-        let handle = &self.handle;
-        let flushed = poll_fn(|cx| {
-            handle
-                .shared
-                .with_driver(|inner, _| inner.poll_written(handle.key, cx.waker()))
-        });
-        match tokio::time::timeout(limit, flushed).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Transport(Arc::new(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the transport did not take the stream's data within the close timeout",
-            )))),
-        }
+        self.handle.close_with(Inner::close_stream).await
     }
 
     /// Reads up to `max` received bytes without copying them: the returned [`Bytes`] shares the
@@ -280,16 +390,19 @@ impl Stream {
     }
 
     /// Splits the stream into halves that can be used from different tasks. Dropping the
-    /// [`WriteHalf`] shuts the writing down, as `shutdown` does (and as tokio's
-    /// `OwnedWriteHalf` does on drop); dropping the [`ReadHalf`] stops reading, as
+    /// [`OwnedWriteHalf`] shuts the writing down, as `shutdown` does (and as tokio's
+    /// `OwnedWriteHalf` does on drop); dropping the [`OwnedReadHalf`] stops reading, as
     /// [`close_read`](Stream::close_read) does; the stream closes when both are dropped.
-    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         let (read, write) = self.handle.split();
-        (ReadHalf { handle: read }, WriteHalf { handle: write })
+        (
+            OwnedReadHalf { handle: read },
+            OwnedWriteHalf { handle: write },
+        )
     }
 }
 
-impl ReadHalf {
+impl OwnedReadHalf {
     /// The stream's id on the wire.
     pub fn id(&self) -> u32 {
         self.handle.id
@@ -298,6 +411,37 @@ impl ReadHalf {
     /// Stops reading, as [`Stream::close_read`].
     pub fn close_read(&mut self) {
         self.handle.with_driver(|inner, key| inner.close_read(key));
+    }
+
+    /// Bytes received and not yet read, as [`Stream::buffered`].
+    pub fn buffered(&self) -> usize {
+        self.handle.buffered()
+    }
+
+    /// Puts the halves of one stream back together into a [`Stream`], as tokio's
+    /// `OwnedReadHalf::reunite` does for a `TcpStream`.
+    ///
+    /// # Errors
+    ///
+    /// [`ReuniteError`], holding both halves, when they are not of the same stream.
+    pub fn reunite(mut self, mut other: OwnedWriteHalf) -> Result<Stream, ReuniteError> {
+        let same = Arc::ptr_eq(&self.handle.shared, &other.handle.shared)
+            && self.handle.key == other.handle.key;
+        if !same {
+            return Err(ReuniteError(self, other));
+        }
+        let handle = Handle {
+            shared: Arc::clone(&self.handle.shared),
+            key: self.handle.key,
+            id: self.handle.id,
+            reads: self.handle.reads,
+            writes: other.handle.writes,
+        };
+        // The new handle takes over the halves' places among the stream's readers and
+        // writers; the halves then go without releasing anything.
+        self.handle.reads = false;
+        other.handle.writes = false;
+        Ok(Stream { handle })
     }
 
     /// Reads without copying, as [`Stream::read_chunk`].
@@ -310,10 +454,36 @@ impl ReadHalf {
     }
 }
 
-impl WriteHalf {
+impl OwnedWriteHalf {
     /// The stream's id on the wire.
     pub fn id(&self) -> u32 {
         self.handle.id
+    }
+
+    /// Shuts the writing down (CloseRead: the peer reads end-of-stream) and waits until
+    /// everything written on this half, the shutdown included, has been written to the
+    /// transport, for at most the session's close timeout. The write half's counterpart of
+    /// [`Stream::close`]; the read half keeps reading.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::close`].
+    pub async fn close(&mut self) -> Result<(), Error> {
+        self.handle.close_with(Inner::shutdown).await
+    }
+
+    /// Waits until the peer stops taking data, as [`Stream::stopped`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::stopped`].
+    pub async fn stopped(&self) -> Result<Stopped, Error> {
+        self.handle.stopped().await
+    }
+
+    /// How the peer stopped taking data, if it has, as [`Stream::peer_stopped`].
+    pub fn peer_stopped(&self) -> Option<Stopped> {
+        self.handle.peer_stopped()
     }
 
     /// Writes without copying, as [`Stream::write_chunk`] (not cancel safe).
@@ -370,9 +540,9 @@ macro_rules! delegate_io {
 }
 
 delegate_io!(AsyncRead for Stream);
-delegate_io!(AsyncRead for ReadHalf);
+delegate_io!(AsyncRead for OwnedReadHalf);
 delegate_io!(AsyncWrite for Stream);
-delegate_io!(AsyncWrite for WriteHalf);
+delegate_io!(AsyncWrite for OwnedWriteHalf);
 
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -382,17 +552,17 @@ impl fmt::Debug for Stream {
     }
 }
 
-impl fmt::Debug for ReadHalf {
+impl fmt::Debug for OwnedReadHalf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadHalf")
+        f.debug_struct("OwnedReadHalf")
             .field("id", &self.handle.id)
             .finish()
     }
 }
 
-impl fmt::Debug for WriteHalf {
+impl fmt::Debug for OwnedWriteHalf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteHalf")
+        f.debug_struct("OwnedWriteHalf")
             .field("id", &self.handle.id)
             .finish()
     }

@@ -619,10 +619,11 @@ where
     // -----------------------------------------------------------------------------------------
     // Closing.
 
-    /// Moves to closing when the session ended or nobody uses it any more.
+    /// Moves to closing when the session ended, or drained (see `Inner::check_draining`).
     fn check_end(&mut self) {
         let mut inner = self.shared.lock();
-        inner.check_abandoned(&mut self.wakers);
+        inner.check_draining(&mut self.wakers);
+        inner.wake_if_idle(&mut self.wakers);
         if inner.end_reason().is_some() {
             inner.queue_final_frames();
             self.phase = Phase::Flushing;
@@ -810,7 +811,7 @@ where
             let mut inner = this.shared.lock();
             let can_take = this.write_failed.is_none() && this.batch_written();
             if can_take && inner.has_output()
-                || inner.abandoned()
+                || inner.drained()
                 || this.read_paused && !inner.control_over_limit()
             {
                 continue;

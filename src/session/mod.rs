@@ -28,7 +28,13 @@ use crate::stream::Stream;
 /// [`Session::new`]. There is no task and no channel per stream.
 ///
 /// When every `Session` handle is dropped, streams opened by the peer are refused, and the
-/// session closes itself gracefully once its last stream is gone.
+/// session closes itself gracefully once its last stream is gone (as
+/// [`graceful_close`](Session::graceful_close) does, without a deadline).
+///
+/// Over TCP, call `set_nodelay(true)` on the socket on both ends before starting the session:
+/// with Nagle's algorithm on, a small frame written while an earlier one is unacknowledged
+/// waits for the peer's (possibly delayed) acknowledgement, which slows every request/response
+/// exchange.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -187,6 +193,82 @@ impl Session {
         self.shared.lock().outcome()
     }
 
+    /// Closes the session gracefully, letting the streams already open finish: from now on the
+    /// peer's new streams are refused (CloseStream, as when the accept backlog is full), streams
+    /// it opened that were not accepted yet are refused too, `open` and `accept` fail with
+    /// [`Error::ClosedLocally`] (and [`incoming`](Session::incoming) ends), while open streams
+    /// go on reading and writing. Once the last of them is gone (closed or dropped by this
+    /// side, its data written), the session closes as [`close`](Session::close) does. If
+    /// streams are still open after `timeout`, it closes anyway, cutting them.
+    ///
+    /// What h2's `graceful_shutdown` and quinn's `wait_idle` give, within what the protocol can
+    /// say: it has no frame to tell the peer "no new streams", so the peer learns of the
+    /// draining only when its next open is refused.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// use std::time::Duration;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut request = client.open().await?;
+    /// request.write_all(b"ping").await?;
+    /// request.shutdown().await?;
+    ///
+    /// let mut stream = server.accept().await?;
+    /// let serving = tokio::spawn(async move {
+    ///     let mut text = String::new();
+    ///     stream.read_to_string(&mut text).await?;
+    ///     stream.write_all(b"pong").await?;
+    ///     stream.shutdown().await // done: the stream is gone once the handle is dropped
+    /// });
+    ///
+    /// // Shutting down: the stream being served finishes, then the session closes.
+    /// server.graceful_close(Duration::from_secs(30)).await?;
+    /// # serving.await.unwrap()?;
+    /// let mut reply = String::new();
+    /// request.read_to_string(&mut reply).await?;
+    /// assert_eq!(reply, "pong");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GracefulCloseTimedOut`] when streams were still open at the deadline (the
+    /// session is closed all the same); otherwise as [`close`](Session::close).
+    pub async fn graceful_close(&self, timeout: std::time::Duration) -> Result<(), Error> {
+        self.shared
+            .with_driver(|inner, wakers| inner.start_draining(wakers));
+        if tokio::time::timeout(timeout, self.finished()).await.is_ok() {
+            return self.shared.lock().outcome();
+        }
+        let cut = self.shared.lock().stream_count();
+        self.close().await?;
+        if cut > 0 {
+            return Err(Error::GracefulCloseTimedOut { streams: cut });
+        }
+        Ok(())
+    }
+
+    /// Waits until the session has no stream (none open, none waiting to be accepted), or has
+    /// ended. Resolves at once if that is already so; a stream opened afterwards does not
+    /// matter to it. With [`graceful_close`](Session::graceful_close), it tells when the
+    /// draining is done without closing anything itself.
+    pub async fn wait_idle(&self) {
+        let mut waiting = Waiting::new(&self.shared, Inner::idle_waiter_gone);
+        poll_fn(|cx| {
+            if self.shared.lock().poll_idle(cx.waker(), &mut waiting.slot) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
     /// Waits until the session has ended and its transport is closed, and returns why it ended
     /// ([`Error::ClosedLocally`] after [`close`](Session::close), [`Error::ClosedByPeer`] after
     /// the peer's CloseMux, or what went wrong).
@@ -331,9 +413,10 @@ impl futures_core::Stream for Incoming {
             Poll::Ready(Ok(stream)) => Poll::Ready(Some(Ok(stream))),
             Poll::Ready(Err(error)) => {
                 self.done = true;
-                match error {
-                    Error::ClosedLocally => Poll::Ready(None),
-                    error => Poll::Ready(Some(Err(error))),
+                if error.is_graceful() {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(Err(error)))
                 }
             }
         }

@@ -26,9 +26,13 @@ pub(super) struct Lifecycle {
     write_failed: Option<Error>,
     /// Tasks waiting for the driver to finish.
     close_waiters: WaitList,
-    /// Live `Session` handles. When none is left, inbound streams are refused and the session
-    /// closes itself once its last stream is gone.
+    /// Live `Session` handles. When none is left, the session drains (see `draining`).
     pub(super) session_handles: usize,
+    /// `Session::graceful_close` was called: inbound streams are refused, opens fail, and the
+    /// session closes itself once its last stream is gone.
+    draining: bool,
+    /// Tasks waiting for the session to have no stream (`Session::wait_idle`).
+    idle_waiters: WaitList,
 }
 
 impl Lifecycle {
@@ -41,6 +45,8 @@ impl Lifecycle {
             write_failed: None,
             close_waiters: WaitList::new(),
             session_handles: 1,
+            draining: false,
+            idle_waiters: WaitList::new(),
         }
     }
 
@@ -63,6 +69,17 @@ impl Lifecycle {
     /// The error a new operation fails with: the session's end, or a refused transport write.
     pub(super) fn unusable(&self) -> Option<&Error> {
         self.end.as_ref().or(self.write_failed.as_ref())
+    }
+
+    /// Whether the session takes no new streams and closes once its last one is gone: it is
+    /// closing gracefully, or nobody holds a `Session` handle to accept or open any more.
+    pub(super) fn draining(&self) -> bool {
+        self.draining || self.session_handles == 0
+    }
+
+    /// Whether `Session::graceful_close` was called (opens and accepts fail from then on).
+    pub(super) fn closing_gracefully(&self) -> bool {
+        self.draining
     }
 }
 
@@ -87,7 +104,27 @@ impl Inner {
         self.life.send_close_mux = send_close_mux;
         self.wake_all_outgoing(wakers);
         self.accept_waiters.wake_all(wakers);
+        self.life.idle_waiters.wake_all(wakers);
+        wakers.extend(self.stop_waiters.drain().map(|(_, waker)| waker));
         wakers.extend(self.driver_waker.take());
+    }
+
+    /// Starts a graceful close: no new stream either way, queued inbound streams refused, and
+    /// the session closes itself once the streams already open are done.
+    pub(crate) fn start_draining(&mut self, wakers: &mut Vec<Waker>) {
+        if self.life.draining || self.life.ended() {
+            return;
+        }
+        event!(
+            debug,
+            session = self.id,
+            streams = self.streams.len(),
+            "draining"
+        );
+        self.life.draining = true;
+        self.accept_waiters.wake_all(wakers);
+        self.wake_openers(wakers);
+        self.check_draining(wakers);
     }
 
     /// Starts a graceful close from this side.
@@ -158,10 +195,10 @@ impl Inner {
         self.life.session_handles -= 1;
     }
 
-    /// Moves the session towards its end when nobody uses it any more: inbound streams nobody
-    /// can accept are dropped, and a session without handles or streams closes itself.
-    pub(crate) fn check_abandoned(&mut self, wakers: &mut Vec<Waker>) {
-        if self.life.session_handles > 0 {
+    /// Moves a draining session towards its end: inbound streams nobody will accept are
+    /// refused (CloseStream), and once no stream is left the session closes itself.
+    pub(crate) fn check_draining(&mut self, wakers: &mut Vec<Waker>) {
+        if !self.life.draining() {
             return;
         }
         while let Some(key) = self.accept_queue.pop_front() {
@@ -172,9 +209,30 @@ impl Inner {
         }
     }
 
-    /// Whether nobody uses the session any more, so the driver should look at closing it.
-    pub(crate) fn abandoned(&self) -> bool {
-        self.life.session_handles == 0 && self.streams.len() == 0
+    /// Whether the session is draining and has no stream left, so the driver should close it.
+    pub(crate) fn drained(&self) -> bool {
+        self.life.draining() && self.streams.len() == 0
+    }
+
+    /// Registers a task to wake when the session has no stream (or has ended); true once so.
+    pub(crate) fn poll_idle(&mut self, waker: &Waker, slot: &mut Option<usize>) -> bool {
+        if self.streams.len() == 0 || self.life.ended() {
+            return true;
+        }
+        self.life.idle_waiters.register(slot, waker);
+        false
+    }
+
+    /// A `wait_idle()` future is gone.
+    pub(crate) fn idle_waiter_gone(&mut self, slot: &mut Option<usize>) {
+        self.life.idle_waiters.remove(slot);
+    }
+
+    /// Wakes the tasks waiting for the session to have no stream, if it has none.
+    pub(crate) fn wake_if_idle(&mut self, wakers: &mut Vec<Waker>) {
+        if self.streams.len() == 0 && !self.life.idle_waiters.is_empty() {
+            self.life.idle_waiters.wake_all(wakers);
+        }
     }
 
     /// Waiters in the lists of `accept` and `closed`, for tests.

@@ -67,6 +67,7 @@ impl Shared {
         let mut wakers = Vec::new();
         let mut inner = self.lock();
         let result = f(&mut inner, &mut wakers);
+        inner.wake_if_idle(&mut wakers);
         let driver = if inner.driver_needed() {
             inner.driver_waker.take()
         } else {
@@ -93,6 +94,9 @@ pub(crate) struct Inner {
     /// Inbound streams waiting for `accept`, and the tasks waiting there.
     accept_queue: VecDeque<usize>,
     accept_waiters: WaitList,
+    /// The task waiting in `stopped()` on a stream, by stream key: few streams have one, so
+    /// it is kept here rather than in every stream's state.
+    stop_waiters: HashMap<usize, Waker>,
     out: Outgoing,
     life: Lifecycle,
     /// The driver's waker, taken by whoever gives it something to do.
@@ -126,6 +130,7 @@ impl Inner {
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
+            stop_waiters: HashMap::new(),
             out: Outgoing::new(),
             life: Lifecycle::new(),
             driver_waker: None,
@@ -182,14 +187,13 @@ impl Inner {
     }
 
     /// Whether the driver has to be woken after a handle operation: output is waiting, the
-    /// session ended, or the last `Session` handle went away (queued inbound streams are to be
-    /// dropped, and the session closes itself once no stream is left).
+    /// session ended, or it drains (queued inbound streams are to be refused, and the session
+    /// closes itself once no stream is left).
     fn driver_needed(&self) -> bool {
         self.out.has_output() && !self.driver_writing
             || self.room_to_hand_out()
             || self.life.ended()
-            || self.life.session_handles == 0
-                && (self.streams.len() == 0 || !self.accept_queue.is_empty())
+            || self.life.draining() && (self.streams.len() == 0 || !self.accept_queue.is_empty())
     }
 }
 

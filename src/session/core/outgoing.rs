@@ -269,7 +269,7 @@ impl Inner {
         let Some(stream) = self.streams.get(key) else {
             return;
         };
-        let ordered = !stream.mark_in_control && stream.mark > self.out.data_written;
+        let ordered = !stream.mark_in_control() && stream.mark > self.out.data_written;
         let header = Header::new(stream.id, kind);
         let (mark, in_control) = if ordered {
             (self.queue_data_header(header), false)
@@ -283,7 +283,7 @@ impl Inner {
     pub(super) fn set_mark(&mut self, key: usize, mark: u64, in_control: bool) {
         if let Some(stream) = self.streams.get_mut(key) {
             stream.mark = mark;
-            stream.mark_in_control = in_control;
+            stream.queued.set(Queued::MARK_IN_CONTROL, in_control);
         }
     }
 
@@ -551,7 +551,7 @@ impl Inner {
     pub(super) fn is_written(&self, key: usize) -> bool {
         self.streams
             .get(key)
-            .is_none_or(|s| self.out.written(s.mark, s.mark_in_control))
+            .is_none_or(|s| self.out.written(s.mark, s.mark_in_control()))
     }
 
     /// The stream waits until its bytes are written: ready when they are.
@@ -559,7 +559,7 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return true;
         };
-        if self.out.written(stream.mark, stream.mark_in_control) {
+        if self.out.written(stream.mark, stream.mark_in_control()) {
             return true;
         }
         stream.wait_to_write(WriteWait::Written, waker);
@@ -599,12 +599,17 @@ impl Inner {
             stream.queued.set(Queued::FLUSH, false);
             stream.wake_all(wakers);
         }
+        self.wake_openers(wakers);
+        self.out.room.clear();
+        self.out.flush.clear();
+    }
+
+    /// Every `open` waiting for room, to see a change that fails it.
+    pub(super) fn wake_openers(&mut self, wakers: &mut Vec<Waker>) {
         for opener in self.out.openers.iter_mut() {
             opener.queued = false;
             wakers.extend(opener.waker.take());
         }
-        self.out.room.clear();
-        self.out.flush.clear();
     }
 
     /// Entries in the wait queues, for tests.

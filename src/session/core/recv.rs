@@ -8,11 +8,12 @@ use tokio::time::Instant;
 
 use super::outgoing::Control;
 use super::recv_buf::{RecvBuffer, Source};
-use super::stream_state::{RecvState, StreamState, WriteWait};
+use super::stream_state::{Queued, RecvState, StreamState, WriteWait};
 use super::Inner;
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
 use crate::frame::{Frame, Header, Kind, HEADER_LEN};
+use crate::stream::Stopped;
 use crate::trace::event;
 
 impl Inner {
@@ -61,6 +62,7 @@ impl Inner {
         if stream.recv == RecvState::PeerShut {
             return Err(ProtocolError::DataAfterClose { id }.into());
         }
+        stream.peer.heard();
         let length = payload.len() as u32;
         stream
             .window
@@ -123,6 +125,7 @@ impl Inner {
             },
         )?;
         if increment > 0 {
+            stream.peer.heard();
             stream.wake_writer(WriteWait::Credit, wakers);
         }
         Ok(())
@@ -135,7 +138,7 @@ impl Inner {
         if self.ids.contains_key(&id) {
             return Err(ProtocolError::DuplicateStream { id }.into());
         }
-        if self.life.session_handles == 0
+        if self.life.draining()
             || self.accept_queue.len() >= self.config.accept_backlog
             || self.streams.len() >= self.config.max_streams
         {
@@ -167,9 +170,17 @@ impl Inner {
     }
 
     fn on_peer_close(&mut self, id: u32, wakers: &mut Vec<Waker>, apply: fn(&mut StreamState)) {
-        if let Some(stream) = self.stream_by_id(id) {
-            apply(stream);
-            stream.wake_all(wakers);
+        let Some(&key) = self.ids.get(&id) else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        apply(stream);
+        stream.wake_all(wakers);
+        if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
+            stream.queued.set(Queued::STOP, false);
+            wakers.extend(self.stop_waiters.remove(&key));
         }
     }
 
@@ -192,6 +203,9 @@ impl Inner {
         waker: &Waker,
         slot: &mut Option<usize>,
     ) -> Poll<Result<(usize, u32), Error>> {
+        if self.life.closing_gracefully() && !self.life.ended() {
+            return Poll::Ready(Err(Error::ClosedLocally));
+        }
         if let Some(key) = self.accept_queue.pop_front() {
             let id = self.streams.get(key).map_or(0, |s| s.id);
             return Poll::Ready(Ok((key, id)));
@@ -308,6 +322,39 @@ impl Inner {
         if stream.window.update_due(stream.buffer.is_empty()) {
             self.queue_credit(key);
         }
+    }
+
+    /// How the peer stopped taking data on the stream, once it has; otherwise registers the
+    /// task to wake when it does, or when the session ends (then `Err`).
+    pub(crate) fn poll_stopped(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+    ) -> Poll<Result<Stopped, Error>> {
+        let ended = self.life.end_reason().cloned();
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Poll::Ready(Err(ended.unwrap_or(Error::ClosedLocally)));
+        };
+        if let Some(how) = stream.peer.stopped() {
+            return Poll::Ready(Ok(how));
+        }
+        if let Some(error) = ended {
+            return Poll::Ready(Err(error));
+        }
+        stream.queued.set(Queued::STOP, true);
+        let slot = self
+            .stop_waiters
+            .entry(key)
+            .or_insert_with(|| waker.clone());
+        if !slot.will_wake(waker) {
+            *slot = waker.clone();
+        }
+        Poll::Pending
+    }
+
+    /// How the peer stopped taking data on the stream, if it has.
+    pub(crate) fn peer_stopped(&self, key: usize) -> Option<Stopped> {
+        self.streams.get(key).and_then(|s| s.peer.stopped())
     }
 
     /// Bytes buffered for reading on the stream.

@@ -5,7 +5,7 @@ use std::task::{Poll, Waker};
 
 use bytes::Bytes;
 
-use super::stream_state::{Closed, RecvState, SendState, WriteWait};
+use super::stream_state::{Closed, Queued, RecvState, SendState, WriteWait};
 use super::Inner;
 use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
@@ -21,6 +21,9 @@ impl Inner {
     ) -> Poll<Result<(usize, u32), Error>> {
         if let Some(error) = self.life.unusable() {
             return Poll::Ready(Err(error.clone()));
+        }
+        if self.life.closing_gracefully() {
+            return Poll::Ready(Err(Error::ClosedLocally));
         }
         if self.streams.len() >= self.config.max_streams {
             return Poll::Ready(Err(Error::TooManyStreams));
@@ -281,6 +284,10 @@ impl Inner {
         };
         let id = stream.id;
         let send_close = stream.closed == Closed::No && !ended;
+        if stream.queued.has(Queued::STOP) {
+            // A `stopped()` future that was dropped before the peer stopped left its waker.
+            self.stop_waiters.remove(&key);
+        }
         let grown = stream
             .window
             .target()

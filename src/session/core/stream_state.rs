@@ -10,6 +10,7 @@ use super::recv_buf::RecvBuffer;
 use crate::error::Error;
 use crate::flow::{RecvWindow, Tuner};
 use crate::frame::INITIAL_WINDOW;
+use crate::stream::Stopped;
 
 /// This side's sending direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +64,8 @@ pub(super) struct StreamState {
     pub(super) send: SendState,
     pub(super) recv: RecvState,
     pub(super) closed: Closed,
-    /// Handles that may read (`Stream`, `ReadHalf`, a place in the accept queue) and that may
-    /// write (`Stream`, `WriteHalf`, the accept queue). When the readers are gone the stream
+    /// Handles that may read (`Stream`, `OwnedReadHalf`, a place in the accept queue) and that may
+    /// write (`Stream`, `OwnedWriteHalf`, the accept queue). When the readers are gone the stream
     /// stops reading on the wire; when the writers are gone it shuts its writing down; when
     /// both are, it closes.
     pub(super) readers: u8,
@@ -75,12 +76,11 @@ pub(super) struct StreamState {
     /// Credit the peer granted and this side has not spent.
     pub(super) send_credit: u32,
     /// Position just past the last frame this stream queued, in the data queue, or in the
-    /// control queue when `mark_in_control`: its bytes are written once the driver has written
+    /// control queue when `queued` has `MARK_IN_CONTROL`: its bytes are written once the driver has written
     /// that far. One mark is enough: a close goes to the control queue only once all the
     /// stream's data is written, and control frames queued before some data are written
     /// before that data (they go ahead of the batch it is in, or between its frames).
     pub(super) mark: u64,
-    pub(super) mark_in_control: bool,
     /// The session's queues the stream has an entry in.
     pub(super) queued: Queued,
     /// Room kept for its writer, once let in after waiting for room.
@@ -88,6 +88,35 @@ pub(super) struct StreamState {
     pub(super) write_wait: WriteWait,
     pub(super) read_waker: Option<Waker>,
     pub(super) write_waker: Option<Waker>,
+    /// What the peer has said about the stream (its `stopped()` waiter, if any, waits in
+    /// `Inner::stop_waiters`, so that streams nobody asks about pay nothing for it).
+    pub(super) peer: PeerSaid,
+}
+
+/// What the peer has said about a stream: nothing yet, something (data, credit, a
+/// half-close), or that it stopped taking data. A stream it closes before saying anything was
+/// refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PeerSaid {
+    Nothing,
+    Something,
+    Stopped(Stopped),
+}
+
+impl PeerSaid {
+    /// The peer sent something for the stream.
+    pub(super) fn heard(&mut self) {
+        if *self == PeerSaid::Nothing {
+            *self = PeerSaid::Something;
+        }
+    }
+
+    pub(super) fn stopped(self) -> Option<Stopped> {
+        match self {
+            PeerSaid::Stopped(how) => Some(how),
+            _ => None,
+        }
+    }
 }
 
 impl StreamState {
@@ -104,13 +133,18 @@ impl StreamState {
             tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
             mark: 0,
-            mark_in_control: false,
             queued: Queued::default(),
             room_grant: RoomGrant::default(),
             write_wait: WriteWait::Idle,
             read_waker: None,
             write_waker: None,
+            peer: PeerSaid::Nothing,
         }
+    }
+
+    /// Whether the stream's `mark` is a position in the control queue.
+    pub(super) fn mark_in_control(&self) -> bool {
+        self.queued.has(Queued::MARK_IN_CONTROL)
     }
 
     /// Whether this side may still send frames for the stream (nobody sent CloseStream).
@@ -134,6 +168,7 @@ impl StreamState {
 
     /// The peer sent CloseRead: no more data is coming.
     pub(super) fn on_peer_shut(&mut self) {
+        self.peer.heard();
         if self.recv == RecvState::Open {
             self.recv = RecvState::PeerShut;
         }
@@ -144,12 +179,25 @@ impl StreamState {
         if self.send == SendState::Open {
             self.send = SendState::PeerStopped;
         }
+        if self.peer.stopped().is_none() {
+            self.peer = PeerSaid::Stopped(Stopped::ReadClosed);
+        }
     }
 
-    /// The peer sent CloseStream.
+    /// The peer sent CloseStream: before anything else, that is how it refuses a stream.
     pub(super) fn on_peer_closed(&mut self) {
-        self.on_peer_shut();
-        self.on_peer_stopped();
+        let how = match self.peer {
+            PeerSaid::Nothing => Stopped::Refused,
+            PeerSaid::Something => Stopped::Closed,
+            PeerSaid::Stopped(how) => how,
+        };
+        if self.recv == RecvState::Open {
+            self.recv = RecvState::PeerShut;
+        }
+        if self.send == SendState::Open {
+            self.send = SendState::PeerStopped;
+        }
+        self.peer = PeerSaid::Stopped(how);
         if self.closed == Closed::No {
             self.closed = Closed::ByPeer;
         }
@@ -189,6 +237,11 @@ impl Queued {
     pub(super) const ROOM: u8 = 1 << 1;
     /// The queue of tasks waiting for their bytes to be written.
     pub(super) const FLUSH: u8 = 1 << 2;
+    /// `Inner::stop_waiters`, for a task waiting in `stopped()`.
+    pub(super) const STOP: u8 = 1 << 3;
+    /// Not a queue of waiters: the stream's `mark` is a position in the control queue rather
+    /// than in the data queue.
+    pub(super) const MARK_IN_CONTROL: u8 = 1 << 4;
 
     pub(super) fn has(self, queue: u8) -> bool {
         self.0 & queue != 0

@@ -42,6 +42,11 @@ impl WaitList {
         wakers.extend(self.waiters.iter_mut().filter_map(Option::take));
     }
 
+    /// Whether no future holds a slot.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiters.len() == 0
+    }
+
     /// Slots held, for tests.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

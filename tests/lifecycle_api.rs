@@ -1,0 +1,238 @@
+//! What a server author reaches for beyond open, accept and close: graceful close with a
+//! deadline, waiting for a session to be idle, accept loops that end by themselves, telling a
+//! refused stream from a half-closed one, putting halves back together, and getting the
+//! crate's error out of an `io::Error`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{duplex_pair, gomux_error, sessions_with, within, Transport};
+use futures::StreamExt;
+use gomux::stream::{OwnedReadHalf, Stopped};
+use gomux::{Config, Error};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test]
+async fn graceful_close_lets_open_streams_finish_and_refuses_new_ones() {
+    let (client, server) = duplex_pair().await;
+    let mut request = client.open().await.expect("open");
+    request.write_all(b"GET").await.expect("write");
+    let mut serving = server.accept().await.expect("accept");
+    // A stream the peer opened that the application has not accepted yet.
+    let mut unaccepted = client.open().await.expect("open");
+    unaccepted.write_all(b"x").await.expect("write");
+    let mut buf = [0; 3];
+    serving.read_exact(&mut buf).await.expect("read");
+
+    let closing = tokio::spawn({
+        let server = server.clone();
+        async move { server.graceful_close(Duration::from_secs(3600)).await }
+    });
+
+    // Draining: nothing new either way, the stream not yet accepted is refused...
+    let refused = within("the queued stream refused", unaccepted.stopped()).await;
+    assert_eq!(refused.expect("session lives"), Stopped::Refused);
+    let late = client.open().await.expect("open while the peer drains");
+    let refused = within("a new stream refused", late.stopped()).await;
+    assert_eq!(refused.expect("session lives"), Stopped::Refused);
+    assert!(matches!(server.accept().await, Err(Error::ClosedLocally)));
+    assert!(server.incoming().next().await.is_none(), "incoming ends");
+    assert!(matches!(server.open().await, Err(Error::ClosedLocally)));
+    assert!(!closing.is_finished(), "a stream is still being served");
+
+    // ...while the stream being served still works both ways.
+    request
+        .write_all(b" /")
+        .await
+        .expect("write while draining");
+    request.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    serving.read_to_end(&mut rest).await.expect("read");
+    assert_eq!(rest, b" /");
+    serving.write_all(b"200 OK").await.expect("reply");
+    drop(serving);
+
+    within("the graceful close", closing)
+        .await
+        .expect("no panic")
+        .expect("closed gracefully");
+    let mut reply = Vec::new();
+    request.read_to_end(&mut reply).await.expect("reply read");
+    assert_eq!(
+        reply, b"200 OK",
+        "the reply written before the close arrives"
+    );
+    assert!(matches!(client.closed().await, Error::ClosedByPeer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_close_cuts_what_is_still_open_at_its_deadline() {
+    let (client, server) = duplex_pair().await;
+    let _held = client.open().await.expect("open");
+    let _accepted = server.accept().await.expect("accept");
+    let result = server.graceful_close(Duration::from_secs(5)).await;
+    assert!(
+        matches!(result, Err(Error::GracefulCloseTimedOut { streams: 1 })),
+        "{result:?}"
+    );
+    assert!(matches!(server.closed().await, Error::ClosedLocally));
+}
+
+#[tokio::test]
+async fn graceful_close_of_an_idle_session_closes_at_once() {
+    let (client, server) = duplex_pair().await;
+    within(
+        "the close",
+        server.graceful_close(Duration::from_secs(3600)),
+    )
+    .await
+    .expect("graceful");
+    assert!(matches!(client.closed().await, Error::ClosedByPeer));
+}
+
+#[tokio::test]
+async fn wait_idle_resolves_when_the_last_stream_is_gone() {
+    let (client, server) = duplex_pair().await;
+    within("idle at the start", server.wait_idle()).await;
+    let stream = client.open().await.expect("open");
+    let inbound = within("accept", server.accept()).await.expect("accept");
+    let idle = tokio::spawn({
+        let server = server.clone();
+        async move { server.wait_idle().await }
+    });
+    tokio::task::yield_now().await;
+    drop(stream);
+    assert!(!idle.is_finished(), "the server still holds its end");
+    drop(inbound);
+    within("idle after the last stream", idle)
+        .await
+        .expect("no panic");
+    assert_eq!(server.stream_count(), 0);
+}
+
+#[tokio::test]
+async fn incoming_ends_without_an_error_when_the_peer_closes() {
+    let (client, server) = duplex_pair().await;
+    let _first = client.open().await.expect("open");
+    let mut incoming = server.incoming();
+    let stream = within("the first stream", incoming.next())
+        .await
+        .expect("a stream")
+        .expect("no error");
+    client.close().await.expect("close");
+    assert!(within("the end", incoming.next()).await.is_none());
+    drop(stream);
+    // `accept` reports why, for those who want it.
+    assert!(matches!(server.accept().await, Err(Error::ClosedByPeer)));
+}
+
+#[tokio::test]
+async fn stopped_tells_refused_from_read_closed_from_closed() {
+    let server_config = Config::default().accept_backlog(1);
+    let (client, server) = sessions_with(
+        Transport::Duplex(64 * 1024),
+        Config::default(),
+        server_config,
+    )
+    .await;
+
+    // Read closed: the peer stops reading but may still send.
+    let stream = client.open().await.expect("open");
+    let mut inbound = server.accept().await.expect("accept");
+    assert_eq!(stream.peer_stopped(), None);
+    inbound.close_read();
+    let how = within("close_read seen", stream.stopped()).await;
+    assert_eq!(how.expect("session lives"), Stopped::ReadClosed);
+    assert_eq!(stream.peer_stopped(), Some(Stopped::ReadClosed));
+
+    // Closed: the peer said something, then closed the stream.
+    let (mut reader, writer) = client.open().await.expect("open").into_split();
+    let mut inbound = server.accept().await.expect("accept");
+    inbound.write_all(b"bye").await.expect("write");
+    drop(inbound);
+    let how = within("the close seen", writer.stopped()).await;
+    assert_eq!(how.expect("session lives"), Stopped::Closed);
+    let mut text = String::new();
+    reader.read_to_string(&mut text).await.expect("read");
+    assert_eq!(text, "bye", "what was sent before the close still arrives");
+
+    // Refused: the backlog of 1 is full, so the second stream is closed at once.
+    let _queued = client.open().await.expect("open");
+    let refused = client.open().await.expect("open");
+    let how = within("the refusal", refused.stopped()).await;
+    assert_eq!(how.expect("session lives"), Stopped::Refused);
+    assert_eq!(server.stats().streams_refused, 1);
+}
+
+#[tokio::test]
+async fn stopped_reports_the_session_end() {
+    let (client, server) = duplex_pair().await;
+    let stream = client.open().await.expect("open");
+    let waiting = tokio::spawn(async move { stream.stopped().await });
+    tokio::task::yield_now().await;
+    server.close().await.expect("close");
+    let result = within("the end", waiting).await.expect("no panic");
+    assert!(matches!(result, Err(Error::ClosedByPeer)), "{result:?}");
+}
+
+#[tokio::test]
+async fn halves_reunite_and_the_write_half_closes_and_waits() {
+    let (client, server) = duplex_pair().await;
+    let (reader, writer) = client.open().await.expect("open").into_split();
+    let mut inbound = server.accept().await.expect("accept");
+    inbound.write_all(b"abc").await.expect("write");
+    let mut stream = reader.reunite(writer).expect("halves of one stream");
+    let mut buf = [0; 3];
+    stream
+        .read_exact(&mut buf)
+        .await
+        .expect("read after reunite");
+    stream.write_all(b"xyz").await.expect("write after reunite");
+
+    // Halves of different streams come back with the error.
+    let (a_read, _a_write) = client.open().await.expect("open").into_split();
+    let (_b_read, b_write) = client.open().await.expect("open").into_split();
+    let error = a_read.reunite(b_write).expect_err("different streams");
+    let OwnedReadHalf { .. } = error.0;
+
+    // The read half tells what is buffered; the write half closes and waits.
+    let (reader, mut writer) = stream.into_split();
+    inbound.write_all(b"12345").await.expect("write");
+    within("buffered data", async {
+        while reader.buffered() < 5 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    writer.write_all(b"!").await.expect("write");
+    within("the write half's close", writer.close())
+        .await
+        .expect("closed");
+    let mut got = Vec::new();
+    inbound
+        .read_to_end(&mut got)
+        .await
+        .expect("read to the end");
+    assert_eq!(
+        got, b"xyz!",
+        "the peer reads everything, then end-of-stream"
+    );
+    drop(reader);
+}
+
+#[tokio::test]
+async fn the_crate_error_comes_out_of_an_io_error() {
+    let (client, _server) = duplex_pair().await;
+    let mut stream = client.open().await.expect("open");
+    stream.shutdown().await.expect("shutdown");
+    let error = stream
+        .write_all(b"late")
+        .await
+        .expect_err("write after shutdown");
+    assert!(matches!(Error::from_io(&error), Some(Error::WriteClosed)));
+    assert!(gomux_error(&error).is_some());
+    assert!(Error::from_io(&std::io::Error::other("not ours")).is_none());
+    assert!(Error::ClosedByPeer.is_graceful() && Error::ClosedLocally.is_graceful());
+    assert!(!Error::ConnectionClosed.is_graceful());
+}
