@@ -31,6 +31,55 @@ use crate::stream::Stream;
 /// session closes itself gracefully once its last stream is gone (as
 /// [`graceful_close`](Session::graceful_close) does, without a deadline).
 ///
+/// # Shutting down a server gracefully
+///
+/// Stop taking new streams, let the ones being served finish, then close, with a deadline:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), gomux::Error> {
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use tokio::io::AsyncWriteExt;
+///
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, session) = (gomux::Session::client(a), gomux::Session::server(b));
+/// # let _request = client.open().await?;
+/// # let shutdown_signal = async { tokio::task::yield_now().await }; // e.g. tokio::signal::ctrl_c()
+/// let mut incoming = session.incoming();
+/// tokio::pin!(shutdown_signal);
+/// loop {
+///     tokio::select! {
+///         next = incoming.next() => match next {
+///             Some(stream) => {
+///                 let mut stream = stream?;
+///                 tokio::spawn(async move {
+///                     // Serve the stream; the session waits for it below.
+///                     stream.write_all(b"hello").await?;
+///                     stream.shutdown().await
+///                 });
+///             }
+///             None => break, // the peer closed the session
+///         },
+///         _ = &mut shutdown_signal => break,
+///     }
+/// }
+/// // Refuse new streams, wait up to 30 s for the served ones, then CloseMux.
+/// match session.graceful_close(Duration::from_secs(30)).await {
+///     Ok(()) => {}
+///     Err(gomux::Error::GracefulCloseTimedOut { streams }) => {
+///         eprintln!("{streams} streams were cut at the deadline");
+///     }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`wait_idle`](Session::wait_idle) tells when no stream is left without closing anything.
+///
+/// # TCP
+///
 /// Over TCP, call `set_nodelay(true)` on the socket on both ends before starting the session:
 /// with Nagle's algorithm on, a small frame written while an earlier one is unacknowledged
 /// waits for the peer's (possibly delayed) acknowledgement, which slows every request/response
