@@ -149,6 +149,14 @@ func muxPair() (client, server *gomux.Mux, err error) {
 	return client, server, nil
 }
 
+// closeMux ends a session whose work is done. Its error is left out: Go gomux's Close returns
+// the session's first error, and when the peer, on the CloseMux frame, closes the connection
+// before Close has recorded its own reason, that is the end of the connection ("could not
+// read frame header: EOF"), although everything was delivered.
+func closeMux(m *gomux.Mux) {
+	m.Close()
+}
+
 // waitEnd waits until the peer has closed the session (or the connection has gone), so that a
 // role does not close the connection under frames it still owes the peer. Gives up after
 // limit: the run's figures are printed by then.

@@ -115,7 +115,8 @@ func manyClient(m *gomux.Mux, f manyFlags, ends int) error {
 		s.Close()
 	}
 	fmt.Printf("echo: %d streams x %d bytes in %d ms\n", n, f.bytes, elapsed.Milliseconds())
-	return m.Close()
+	closeMux(m)
+	return nil
 }
 
 // ping opens a stream, half-closes it at once and waits for the server's close.

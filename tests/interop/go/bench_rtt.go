@@ -103,7 +103,8 @@ func rttClient(m *gomux.Mux, f rttFlags) error {
 		return err
 	}
 	s.Close()
-	return m.Close()
+	closeMux(m)
+	return nil
 }
 
 // rawEcho echoes a raw TCP connection until it ends.

@@ -192,7 +192,8 @@ func benchSend(args []string) error {
 		return err
 	}
 	printSent(r)
-	return m.Close()
+	closeMux(m)
+	return nil
 }
 
 func benchReceive(args []string) error {
@@ -244,7 +245,7 @@ func benchReceive(args []string) error {
 		r, err := send(client, p, content.streams)
 		if err == nil {
 			printSent(r)
-			err = client.Close()
+			closeMux(client)
 		}
 		sent <- err
 	}()
