@@ -18,19 +18,21 @@
 # (with their range), then every round's figures.
 #
 # usage: scripts/bench-go.sh [--rounds N] [--bytes SIZE] [--streams "K ..."] [--quick]
-#   --rounds N        rounds (default 3; at least 2 to see how much the machine moves)
+#   --rounds N        rounds (default 5; at least 2 to see how much the machine moves)
 #   --bytes SIZE      bytes per throughput row, any size the speed tool takes (default 1G)
 #   --streams "K ..." stream counts of the throughput rows (default "1 10 100 500 1000")
 #   --quick           2 rounds of 256M, for a check that everything runs
 #
 # Needs cargo and Go (the `go` command, or /usr/local/go/bin/go) with the Go gomux source beside
-# the clone in ../shared/gomux-go; downloads nothing. Takes about a minute per round after the
+# the clone in ../shared/gomux-go; downloads nothing. Takes about 35 s per round after the
 # builds (the latency bench's first build takes a few minutes more).
 set -euo pipefail
+# A failure inside $(...) fails the script too, not only the last command of the substitution.
+shopt -s inherit_errexit
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-rounds=3
+rounds=5
 bytes=1G
 stream_counts="1 10 100 500 1000"
 rtt_count=100000
