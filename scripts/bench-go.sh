@@ -294,7 +294,7 @@ awk -v rounds="$rounds" -v counts="$stream_counts" '
 
         print "Throughput, MiB/s (2^20 bytes per second), 64 KiB writes, every byte checksummed at both ends:"
         print ""
-        print "| streams | raw TCP | gomux (Rust) | Go gomux, 2 processes | Go gomux, 1 process | Rust ÷ TCP | Go (2 proc.) ÷ TCP | **Rust ÷ Go (2 proc.)** | Rust ÷ Go (1 proc.) |"
+        print "| streams | raw TCP | gomux (Rust) | Go gomux, 2 processes | Go gomux, 1 process | Rust ÷ TCP | Go (2 proc.) ÷ TCP | Rust ÷ Go (2 proc.) | Rust ÷ Go (1 proc.) |"
         print "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
         for (i = 1; i <= n; i++) {
             p = "tp-" k[i] "-"
