@@ -103,15 +103,27 @@ many="$target/release/examples/many_streams"
 
 # Every figure goes into this file as "round key value", one per line.
 results=$(mktemp)
-trap 'rm -f "$results"' EXIT
+# What the last measurement printed on stderr, shown if it fails.
+errors=$(mktemp)
+trap 'rm -f "$results" "$errors"' EXIT
 record() {
     echo "$1 $2 $3" >>"$results"
+}
+
+# Runs a measurement with its stderr (progress lines) kept aside, and shows the end of it if
+# the measurement fails.
+quietly() {
+    if ! "$@" 2>"$errors"; then
+        echo "bench-go: failed: $*" >&2
+        tr '\r' '\n' <"$errors" | grep -v "^ *$" | tail -12 >&2
+        return 1
+    fi
 }
 
 # The row of the speed tool's output for one mode: its MiB/s.
 speed_rate() {
     local mode=$1 streams=$2 out
-    out=$("$speed" --mode "$mode" --streams "$streams" --bytes "$bytes" 2>/dev/null)
+    out=$(quietly "$speed" --mode "$mode" --streams "$streams" --bytes "$bytes")
     if grep -q '^# go: skipped' <<<"$out"; then
         echo "bench-go: $(grep '^# go: skipped' <<<"$out")" >&2
         exit 1
@@ -122,7 +134,7 @@ speed_rate() {
 # Go gomux with both ends in one process: MiB/s, once the digests of both ends agree.
 go_pair_rate() {
     local streams=$1 out sent received
-    out=$("$peer" bench receive -pair -progress 0 -streams "$streams" -bytes "$bytes")
+    out=$(quietly "$peer" bench receive -pair -progress 0 -streams "$streams" -bytes "$bytes")
     sent=$(awk '/^sent / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
     received=$(awk '/^received / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
     if [ -z "$sent" ] || [ "$sent" != "$received" ]; then
@@ -138,7 +150,7 @@ go_pair_rate() {
 # The Rust round trips: criterion's estimate for its raw TCP and gomux rows, in µs, as
 # "tcp X" and "gomux Y" lines. The "time:" under "change:" is the change from the last run.
 rust_rtt() {
-    cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$' 2>/dev/null | awk '
+    quietly cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$' | awk '
         /^latency\// { name = $1 }
         /change:/ { name = "" }
         /time:/ && name != "" {
@@ -154,17 +166,17 @@ rust_rtt() {
 
 # The Go round trip in µs, over gomux or (with -raw) over the TCP connection itself.
 go_rtt() {
-    "$peer" bench rtt -pair -count "$rtt_count" -warmup 5000 "$@" | awk '/^rtt:/ { print $8 }'
+    quietly "$peer" bench rtt -pair -count "$rtt_count" -warmup 5000 "$@" | awk '/^rtt:/ { print $8 }'
 }
 
 # "echo MS" and "idle BYTES" from many_streams' last lines, and the Go peer's (with "resident").
 rust_many() {
-    "$many" --streams "$many_streams" 2>/dev/null | awk '
+    quietly "$many" --streams "$many_streams" | awk '
         /^echo: .* in [0-9]+ ms$/ { print "echo", $(NF - 1) }
         /^idle:/ { print "idle", $4 }'
 }
 go_many() {
-    "$peer" bench many -pair -streams "$many_streams" | awk '
+    quietly "$peer" bench many -pair -streams "$many_streams" | awk '
         /^echo:/ { print "echo", $(NF - 1) }
         /^idle:/ { r = $NF; sub(/\)$/, "", r); print "idle", $4; print "resident", r }'
 }
@@ -186,28 +198,37 @@ throughput_row() {
     go-pair) rate=$(go_pair_rate "$streams") ;;
     *) rate=$(speed_rate "$what" "$streams") ;;
     esac
-    if [ -z "$rate" ]; then
-        echo "bench-go: no figure for $what with $streams streams" >&2
-        exit 1
-    fi
+    need "$what with $streams streams" "$rate"
     echo "  $streams streams, $what: $rate MiB/s" >&2
     record "$round" "tp-$streams-$what" "$rate"
 }
 
+# Fails the script when a measurement printed nothing it could read.
+need() {
+    if [ -z "$2" ]; then
+        echo "bench-go: no figure from $1" >&2
+        exit 1
+    fi
+}
+
 rtt_row() {
-    local round=$1 what=$2 key value
+    local round=$1 what=$2 key value out
     case $what in
     rust)
+        out=$(rust_rtt)
+        need "cargo bench --bench latency" "$out"
         while read -r key value; do
             record "$round" "rtt-rust-$key" "$value"
             echo "  round trip, Rust $key: $value µs" >&2
-        done < <(rust_rtt)
+        done <<<"$out"
         ;;
     go)
         value=$(go_rtt)
+        need "gomux-go-peer bench rtt" "$value"
         record "$round" rtt-go-gomux "$value"
         echo "  round trip, Go gomux: $value µs" >&2
         value=$(go_rtt -raw)
+        need "gomux-go-peer bench rtt -raw" "$value"
         record "$round" rtt-go-tcp "$value"
         echo "  round trip, Go raw TCP: $value µs" >&2
         ;;
@@ -215,11 +236,13 @@ rtt_row() {
 }
 
 many_row() {
-    local round=$1 what=$2 key value
+    local round=$1 what=$2 key value out
+    out=$("${what}_many")
+    need "the $what many-streams run" "$out"
     while read -r key value; do
         record "$round" "many-$what-$key" "$value"
         echo "  $many_streams streams, $what $key: $value" >&2
-    done < <("${what}_many")
+    done <<<"$out"
 }
 
 started=$(date -u '+%Y-%m-%d %H:%M')
