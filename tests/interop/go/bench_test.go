@@ -83,7 +83,7 @@ func TestTransferPair(t *testing.T) {
 	p := generatedPayload(8<<20+11, 64<<10)
 	sent := make(chan sendResult, 1)
 	go func() {
-		r, err := send(client, p, streams)
+		r, err := sendAll(client, p, streams)
 		if err != nil {
 			t.Error(err)
 		}
@@ -91,7 +91,7 @@ func TestTransferPair(t *testing.T) {
 		client.Close()
 	}()
 	var progress int64
-	received, err := receive(server, streams, &progress)
+	received, err := receiveAll(server, streams, &progress)
 	if err != nil {
 		t.Fatal(err)
 	}

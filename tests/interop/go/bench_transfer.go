@@ -26,10 +26,10 @@ type sendResult struct {
 	elapsed time.Duration
 }
 
-// send opens streams one after the other on m, each writing its share of p as soon as it is
+// sendAll opens streams one after the other on m, each writing its share of p as soon as it is
 // open and half-closing, and waits until the receiver has closed every stream, which it does
 // once it has read it to its end.
-func send(m *gomux.Mux, p *payload, streams int) (sendResult, error) {
+func sendAll(m *gomux.Mux, p *payload, streams int) (sendResult, error) {
 	outcomes := make(chan streamOutcome, streams)
 	start := time.Now()
 	for i := 0; i < streams; i++ {
@@ -83,9 +83,9 @@ type receiveResult struct {
 	elapsed time.Duration
 }
 
-// receive accepts streams on m and reads each to its end into a 64 KiB buffer, adding what it
+// receiveAll accepts streams on m and reads each to its end into a 64 KiB buffer, adding what it
 // reads to progress. The time runs from the first accept to the last byte read.
-func receive(m *gomux.Mux, streams int, progress *int64) (receiveResult, error) {
+func receiveAll(m *gomux.Mux, streams int, progress *int64) (receiveResult, error) {
 	// Every reader's buffer is allocated up front: a thousand readers do not zero 64 MiB
 	// while they are being timed.
 	bufs := make([]byte, streams*readSize)
@@ -187,7 +187,7 @@ func benchSend(args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := send(m, p, content.streams)
+	r, err := sendAll(m, p, content.streams)
 	if err != nil {
 		return err
 	}
@@ -223,7 +223,7 @@ func benchReceive(args []string) error {
 		if err != nil {
 			return err
 		}
-		r, err := receive(m, content.streams, &progress)
+		r, err := receiveAll(m, content.streams, &progress)
 		if err != nil {
 			return err
 		}
@@ -242,14 +242,14 @@ func benchReceive(args []string) error {
 	}
 	sent := make(chan error, 1)
 	go func() {
-		r, err := send(client, p, content.streams)
+		r, err := sendAll(client, p, content.streams)
 		if err == nil {
 			printSent(r)
 			closeMux(client)
 		}
 		sent <- err
 	}()
-	r, err := receive(server, content.streams, &progress)
+	r, err := receiveAll(server, content.streams, &progress)
 	if err != nil {
 		return err
 	}
