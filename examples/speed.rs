@@ -1,15 +1,16 @@
-//! Transport speed: how fast bytes go through gomux, yamux, raw loopback TCP and in-memory
-//! pipes, each doing the same work, so the rows can be compared with each other.
+//! Transport speed: how fast bytes go through gomux, yamux, Go gomux, raw loopback TCP and
+//! in-memory pipes, each doing the same work, so the rows can be compared with each other.
 //!
 //! ```text
 //! cargo run --release --example speed -- [--mode MODE] [--bytes N | --file PATH]
-//!                                        [--streams K] [--chunk C]
+//!                                        [--streams K] [--chunk C] [--digest]
 //! ```
 //!
 //! - `--mode`: `tcp` (raw loopback TCP), `mux-tcp` (gomux over one loopback TCP connection),
-//!   `memory` (raw `tokio::io::duplex` pipes), `mux-memory` (gomux over one such pipe),
-//!   `yamux-tcp` (yamux over one loopback TCP connection), or `all` (the default: each of them
-//!   in that order, `tcp` first since ratios are relative to it).
+//!   `mux-tcp-zc` (the same through the zero-copy stream API), `memory` (raw
+//!   `tokio::io::duplex` pipes), `mux-memory` (gomux over one such pipe), `yamux-tcp` (yamux
+//!   over one loopback TCP connection), `go` (Go gomux, see below), or `all` (the default: each
+//!   of them in that order, `tcp` first since ratios are relative to it).
 //! - `--bytes N`: how much to send per mode, default `1G`; sizes take the binary suffixes `K`,
 //!   `M`, `G` and `T` (`64K`, `512M`, `1GiB`). Or `--file PATH`: send that file's content,
 //!   read into memory first so the disk is not what is measured.
@@ -17,6 +18,9 @@
 //!   modes each stream is its own TCP connection or pipe.
 //! - `--chunk C`: size of every write, default `64K`. The receiver always reads into a 64 KiB
 //!   buffer.
+//! - `--digest`: send nothing; print the digest of what would be sent (the line the Go peer's
+//!   `bench digest` prints for the same options, so the two implementations of the content and
+//!   checksum can be compared) and exit.
 //!
 //! Generated content is one pseudo-random 1 MiB block, made once and cut into every write at a
 //! moving offset that differs per stream. Both ends hash what goes through each stream (a 64-bit
@@ -35,24 +39,47 @@
 //!
 //! `ratio` is the row's MiB/s divided by that of `tcp` in the same run, or `-` when `tcp` was not
 //! run. Exit status 2 means the command line was wrong.
+//!
+//! # The `go` mode
+//!
+//! The same transfer between two processes of the Go peer (`tests/interop/go`, built against
+//! the unmodified Go gomux beside the clone in `../shared/gomux-go`): `gomux-go-peer bench
+//! receive` listens on loopback, `gomux-go-peer bench send` connects, opens the streams and sends
+//! the same content with the same `--bytes`/`--file`, `--streams` and `--chunk`, hashing it with
+//! the same checksum (ported to Go bit for bit). The receiver prints its time (from the first
+//! stream it accepts to the last byte it reads) and a digest of all streams; the run fails unless
+//! the sender's digest equals the one this tool computes for the content and the receiver's
+//! equals the sender's. Each Go process has the Go runtime's default of one thread per core;
+//! the Rust modes run both ends in this process.
+//!
+//! Where Go or the Go gomux source is missing, the `go` row is replaced by a `# go: skipped`
+//! line that says why, and the other modes run; with `GOMUX_REQUIRE_GO=1` in the environment
+//! that is a failure (exit status 1) instead.
 
+#[path = "../tests/interop/go_peer.rs"]
+mod go_peer;
 #[path = "../benches/support/mod.rs"]
 mod support;
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use go_peer::GoPeer;
 use gomux::Config;
 use support::{Connector, Digest, Payload};
 
 const USAGE: &str = "\
-usage: speed [--mode MODE] [--bytes N | --file PATH] [--streams K] [--chunk C]
-  MODE: tcp, mux-tcp, mux-tcp-zc, memory, mux-memory, yamux-tcp or all (default all)
+usage: speed [--mode MODE] [--bytes N | --file PATH] [--streams K] [--chunk C] [--digest]
+  MODE: tcp, mux-tcp, mux-tcp-zc, memory, mux-memory, yamux-tcp, go or all (default all)
   N, C: sizes like 4096, 64K, 512M, 1G (defaults: --bytes 1G, --chunk 64K)
-  K: streams sent at once (default 1)";
+  K: streams sent at once (default 1)
+  --digest: print the digest of the content instead of sending it
+  go: Go gomux between two Go processes; skipped when Go or ../shared/gomux-go is
+      missing, a failure then if GOMUX_REQUIRE_GO=1";
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -68,17 +95,20 @@ enum Mode {
     Memory,
     MuxMemory,
     YamuxTcp,
+    /// Go gomux, sender and receiver in two Go processes over loopback TCP.
+    Go,
 }
 
 impl Mode {
     /// Every mode, in the order `all` runs them.
-    const ALL: [Mode; 6] = [
+    const ALL: [Mode; 7] = [
         Mode::Tcp,
         Mode::MuxTcp,
         Mode::MuxTcpZeroCopy,
         Mode::Memory,
         Mode::MuxMemory,
         Mode::YamuxTcp,
+        Mode::Go,
     ];
 
     fn name(self) -> &'static str {
@@ -89,6 +119,7 @@ impl Mode {
             Mode::Memory => "memory",
             Mode::MuxMemory => "mux-memory",
             Mode::YamuxTcp => "yamux-tcp",
+            Mode::Go => "go",
         }
     }
 }
@@ -105,6 +136,8 @@ struct Options {
     source: Source,
     streams: usize,
     chunk: usize,
+    /// Print the content's digest instead of measuring.
+    digest: bool,
 }
 
 fn main() {
@@ -127,17 +160,44 @@ fn main() {
             }
         },
     };
+    if options.digest {
+        println!(
+            "digest streams={} bytes={} digest={:016x}",
+            options.streams,
+            payload.total(),
+            combine(payload.stream_digests::<Checksum>(options.streams))
+        );
+        return;
+    }
     let payload = Arc::new(payload);
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    // Built before anything is measured, so that the build does not share the cores with a
+    // measurement.
+    let go_peer = if options.modes.contains(&Mode::Go) {
+        prepare_go()
+    } else {
+        Err("not asked for".to_string())
+    };
 
     println!(
         "# {:<11} {:>7} {:>13} {:>9} {:>11} {:>7}",
         "mode", "streams", "bytes", "seconds", "MiB/s", "ratio"
     );
     let mut tcp_rate = None;
-    for mode in options.modes {
-        let run = measure(mode, Arc::clone(&payload), options.streams);
-        let elapsed = match support::run_on(&rt, run) {
+    for &mode in &options.modes {
+        let outcome = if mode == Mode::Go {
+            match &go_peer {
+                Ok(binary) => run_go(binary, &options, &payload),
+                Err(reason) => {
+                    println!("# go: skipped: {reason}");
+                    continue;
+                }
+            }
+        } else {
+            let run = measure(mode, Arc::clone(&payload), options.streams);
+            support::run_on(&rt, run).map_err(|error| error.to_string())
+        };
+        let elapsed = match outcome {
             Ok(elapsed) => elapsed,
             Err(error) => {
                 eprintln!("speed: {}: {error}", mode.name());
@@ -185,6 +245,7 @@ async fn measure(mode: Mode, payload: Arc<Payload>, streams: usize) -> std::io::
         Mode::Memory => run.on(support::Memory::default()).await,
         Mode::MuxMemory => run.on(support::gomux_duplex(Config::default())).await,
         Mode::YamuxTcp => run.on(support::yamux_tcp().await?).await,
+        Mode::Go => unreachable!("the go mode runs in Go processes, see run_go"),
     };
     ticker.abort();
     // Clear the progress line before the row goes to stdout.
@@ -220,14 +281,201 @@ async fn show_progress(name: &str, total: u64, received: Arc<AtomicU64>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let done = received.load(Ordering::Relaxed) as f64 / MIB;
-        let rate = done / start.elapsed().as_secs_f64();
-        eprint!(
-            "\r{name:<11} {done:>10.1} of {:.1} MiB  {rate:>9.1} MiB/s ",
-            total as f64 / MIB
+        draw_progress(
+            name,
+            received.load(Ordering::Relaxed),
+            total,
+            start.elapsed(),
         );
-        let _ = std::io::stderr().flush();
     }
+}
+
+/// Redraws the progress line on stderr.
+fn draw_progress(name: &str, received: u64, total: u64, elapsed: Duration) {
+    let done = received as f64 / MIB;
+    let rate = done / elapsed.as_secs_f64();
+    eprint!(
+        "\r{name:<11} {done:>10.1} of {:.1} MiB  {rate:>9.1} MiB/s ",
+        total as f64 / MIB
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// Builds the Go peer for the `go` mode, or says why it cannot. Exits at once if it cannot and
+/// `GOMUX_REQUIRE_GO` is set, before anything is measured.
+fn prepare_go() -> Result<PathBuf, String> {
+    eprint!("building the Go peer\r");
+    let built = go_peer::build();
+    eprint!("\r{:78}\r", "");
+    match built {
+        Ok(binary) => Ok(binary),
+        Err(reason) if go_peer::required() => {
+            eprintln!(
+                "speed: go: {reason} ({} is set, so the go mode may not be skipped)",
+                go_peer::REQUIRE_ENV
+            );
+            process::exit(1);
+        }
+        Err(reason) => Err(reason),
+    }
+}
+
+/// How long the Go processes may take to start, and to end once the transfer is over.
+const GO_START: Duration = Duration::from_secs(20);
+/// How long a Go process is given to end by itself once the run has failed.
+const GO_GONE: Duration = Duration::from_secs(2);
+/// How long the Go transfer may go without moving a byte before it is given up.
+const GO_STALL: Duration = Duration::from_secs(30);
+
+/// The `go` mode: the transfer between a Go sender and a Go receiver, two processes of the Go
+/// peer over loopback TCP. Returns the receiver's time, once both digests check out.
+fn run_go(binary: &Path, options: &Options, payload: &Payload) -> Result<Duration, String> {
+    // The Rust digest of the same content: a Go sender that agrees with it sends exactly what
+    // the Rust modes send.
+    let expected = combine(payload.stream_digests::<Checksum>(options.streams));
+    let streams = options.streams.to_string();
+    let mut content = vec!["-streams".to_string(), streams.clone()];
+    match &options.source {
+        Source::Generated(bytes) => content.extend(["-bytes".to_string(), bytes.to_string()]),
+        Source::File(path) => content.extend(["-file".to_string(), path.clone()]),
+    }
+    content.extend(["-chunk".to_string(), options.chunk.to_string()]);
+
+    let args = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    let mut receiver = GoPeer::spawn(
+        binary,
+        &args(&[
+            "bench",
+            "receive",
+            "-listen",
+            "127.0.0.1:0",
+            "-streams",
+            &streams,
+        ]),
+    )
+    .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+    let addr = match receiver.listening(GO_START) {
+        Ok(addr) => addr,
+        Err(e) => return Err(go_failure("the receiver", e, receiver.finish(GO_GONE))),
+    };
+    let mut sending = args(&["bench", "send", "-connect", &addr.to_string()]);
+    sending.extend(content);
+    let mut sender = GoPeer::spawn(binary, &sending)
+        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+
+    let received = match follow_receiver(&mut receiver, payload.total()) {
+        Ok(line) => line,
+        Err(e) => {
+            // The other process says more often than not what went wrong.
+            let why = go_failure("the receiver", e, receiver.finish(GO_GONE));
+            return Err(go_failure("the sender", why, sender.finish(GO_GONE)));
+        }
+    };
+    let sent = sender.wait_line("sent ", GO_START);
+    let (receiver_exit, sender_exit) = (receiver.finish(GO_START), sender.finish(GO_START));
+    let sent = match sent {
+        Ok(line) if sender_exit.success() => line,
+        Ok(_) => return Err(go_failure("the sender", "it failed".into(), sender_exit)),
+        Err(e) => return Err(go_failure("the sender", e, sender_exit)),
+    };
+    if !receiver_exit.success() {
+        return Err(go_failure(
+            "the receiver",
+            "it failed".into(),
+            receiver_exit,
+        ));
+    }
+
+    let sent_digest = field(&sent, "digest").and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    let received_digest =
+        field(&received, "digest").and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    let received_bytes = field(&received, "bytes").and_then(|n| n.parse::<u64>().ok());
+    let seconds = field(&received, "seconds").and_then(|s| s.parse::<f64>().ok());
+    let (Some(sent_digest), Some(received_digest), Some(received_bytes), Some(seconds)) =
+        (sent_digest, received_digest, received_bytes, seconds)
+    else {
+        return Err(format!(
+            "cannot read the Go peers' results: sent {sent:?}, received {received:?}"
+        ));
+    };
+    if sent_digest != expected {
+        return Err(format!(
+            "the Go sender's content or checksum differs from this tool's (digest {sent_digest:016x}, \
+             expected {expected:016x}): tests/interop/go/bench_content.go no longer matches \
+             benches/support and this file"
+        ));
+    }
+    if received_digest != sent_digest || received_bytes != payload.total() {
+        return Err(format!(
+            "the streams arrived different from what was sent: {received_bytes} of {} bytes, \
+             digest {received_digest:016x} against {sent_digest:016x} sent",
+            payload.total()
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Follows the Go receiver's progress lines, redrawing the progress line, until its result line;
+/// returns that line.
+fn follow_receiver(receiver: &mut GoPeer, total: u64) -> Result<String, String> {
+    let start = Instant::now();
+    let mut last = (0, Instant::now());
+    loop {
+        let line = receiver
+            .wait_line("", GO_STALL)
+            .map_err(|e| format!("waiting for the receiver's progress and result: {e}"))?;
+        if let Some(result) = line.strip_prefix("received ") {
+            eprint!("\r{:78}\r", "");
+            return Ok(result.to_string());
+        }
+        let Some(bytes) = line
+            .strip_prefix("progress ")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        draw_progress(Mode::Go.name(), bytes, total, start.elapsed());
+        if bytes > last.0 {
+            last = (bytes, Instant::now());
+        } else if last.1.elapsed() > GO_STALL {
+            return Err(format!("no progress for {GO_STALL:?} after {bytes} bytes"));
+        }
+    }
+}
+
+/// An error of one of the Go processes, with what it printed on stderr.
+fn go_failure(who: &str, error: String, exit: go_peer::Exit) -> String {
+    let stderr = exit.stderr().trim();
+    let status = match &exit {
+        go_peer::Exit::Exited {
+            code: Some(code), ..
+        } => format!("exit status {code}"),
+        go_peer::Exit::Exited { code: None, .. } => "killed by a signal".to_string(),
+        go_peer::Exit::Hung { .. } => "still running, killed".to_string(),
+    };
+    if stderr.is_empty() {
+        format!("{error}; {who}: {status}")
+    } else {
+        format!("{error}; {who}: {status}: {stderr}")
+    }
+}
+
+/// The value of `name=` in a line of `name=value` words.
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// One value for the digests of all streams of a transfer, in an order that does not depend on
+/// which stream was accepted first: the (length, hash) pairs sorted, then folded with the
+/// checksum's multiply step. The Go peer computes it the same way (`combine` in
+/// `tests/interop/go/bench_content.go`).
+fn combine(mut digests: Vec<(u64, u64)>) -> u64 {
+    digests.sort_unstable();
+    digests.iter().fold(FNV_OFFSET, |hash, &(len, digest)| {
+        let hash = (hash ^ len).wrapping_mul(FNV_PRIME);
+        (hash ^ digest).wrapping_mul(FNV_PRIME)
+    })
 }
 
 /// Per-stream check of content: byte count and a hash of the bytes in order, however they were
@@ -316,12 +564,17 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         source: Source::Generated(1 << 30),
         streams: 1,
         chunk: support::CHUNK,
+        digest: false,
     };
     let (mut bytes, mut file) = (None, None);
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
+        }
+        if flag == "--digest" {
+            options.digest = true;
+            continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {

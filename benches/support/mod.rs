@@ -562,6 +562,25 @@ impl Payload {
         let n = (len - sent).min(self.chunk as u64) as usize;
         self.bytes.slice(at..at + n)
     }
+
+    /// The digest of what each of `streams` streams carries, in stream order, computed without
+    /// sending anything: what [`transfer`]'s senders compute, for checking a peer that sends the
+    /// same content (the speed tool's `go` mode).
+    pub fn stream_digests<D: Digest>(&self, streams: usize) -> Vec<D::Output> {
+        (0..streams)
+            .map(|stream| {
+                let (origin, len) = self.span(stream, streams);
+                let mut digest = D::default();
+                let mut sent = 0;
+                while sent < len {
+                    let piece = self.piece(origin, len, sent);
+                    digest.update(&piece);
+                    sent += piece.len() as u64;
+                }
+                digest.finish()
+            })
+            .collect()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
