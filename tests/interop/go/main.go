@@ -7,7 +7,7 @@
 // With -listen the program prints "listening HOST:PORT" on a line of its own once it listens,
 // accepts one connection and is the gomux server; with -connect it dials and is the gomux
 // client. It prints what it checked on stdout and exits 0 when the run did what the scenario
-// expects, 1 when it did not, and 2 on a wrong command line.
+// expects, 1 when it did not or its options were wrong, and 2 when the command is unknown.
 package main
 
 import (
