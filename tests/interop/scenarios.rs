@@ -193,13 +193,15 @@ async fn receive_exactly(reader: &mut (impl AsyncRead + Unpin), seed: u64, n: u6
     Ok(())
 }
 
-/// Sends `out` bytes and receives `inn` bytes on one stream at once, then half-closes; with
-/// `hold_back > 0`, the last `hold_back` bytes go out only after the peer's end of stream.
-async fn exchange(
+/// Sends `out` bytes (in writes of the sizes `sizes` gives) and receives `inn` bytes on one
+/// stream at once, then half-closes; with `hold_back > 0`, the last `hold_back` bytes go out
+/// only after the peer's end of stream.
+async fn exchange_with(
     stream: Stream,
     (out_seed, out): (u64, u64),
     (in_seed, inn): (u64, u64),
     hold_back: u64,
+    mut sizes: Sizes,
 ) -> Result<()> {
     let (mut reader, mut writer) = stream.into_split();
     let read_done = Notify::new();
@@ -210,7 +212,6 @@ async fn exchange(
     };
     let write = async {
         let mut pattern = Pattern::new(out_seed);
-        let mut sizes = Sizes::fixed(CHUNK);
         send(&mut writer, &mut pattern, out - hold_back, &mut sizes)
             .await
             .map_err(|e| format!("write: {e}"))?;
@@ -229,21 +230,15 @@ async fn exchange(
     write.and(read)
 }
 
+/// [`exchange_with`] in writes of 64 KiB.
+async fn exchange(stream: Stream, out: (u64, u64), inn: (u64, u64), hold_back: u64) -> Result<()> {
+    exchange_with(stream, out, inn, hold_back, Sizes::fixed(CHUNK)).await
+}
+
 /// Sends `size` bytes of `seed`'s pattern, half-closes, and checks that they come back.
-async fn echo_open(session: &Session, seed: u64, size: u64, mut sizes: Sizes) -> Result<()> {
+async fn echo_open(session: &Session, seed: u64, size: u64, sizes: Sizes) -> Result<()> {
     let stream = session.open().await.map_err(|e| format!("open: {e}"))?;
-    let (mut reader, mut writer) = stream.into_split();
-    let write = async {
-        send(&mut writer, &mut Pattern::new(seed), size, &mut sizes)
-            .await
-            .map_err(|e| format!("write: {e}"))?;
-        writer
-            .shutdown()
-            .await
-            .map_err(|e| format!("shutdown: {e}"))
-    };
-    let (write, read) = tokio::join!(write, receive_exactly(&mut reader, seed, size));
-    write.and(read)
+    exchange_with(stream, (seed, size), (seed, size), 0, sizes).await
 }
 
 /// Copies a stream back to its sender until end-of-stream, then half-closes.
@@ -582,21 +577,8 @@ async fn slow_reader(ctx: &Ctx) -> Result<Outcome> {
             let result = async {
                 let mut b = session.open().await.map_err(|e| format!("open: {e}"))?;
                 b.write_all(b"B").await.map_err(|e| e.to_string())?;
-                let (mut reader, mut writer) = b.into_split();
-                let write = async {
-                    send(
-                        &mut writer,
-                        &mut Pattern::new(SEED_FROM_OPENER + 7),
-                        ECHO_BYTES,
-                        &mut Sizes::fixed(CHUNK),
-                    )
-                    .await
-                    .map_err(|e| format!("write: {e}"))?;
-                    writer.shutdown().await.map_err(|e| e.to_string())
-                };
-                let read = receive_exactly(&mut reader, SEED_FROM_OPENER + 7, ECHO_BYTES);
-                let (write, read) = tokio::join!(write, read);
-                write.and(read)
+                let echoed = (SEED_FROM_OPENER + 7, ECHO_BYTES);
+                exchange(b, echoed, echoed, 0).await
             }
             .await;
             let _ = b_tx.send(result);
