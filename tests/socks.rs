@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
@@ -152,7 +152,7 @@ async fn requests_the_exit_cannot_serve_get_their_error_reply_and_the_rest_carri
         let what = |problem: &str| format!("{direction:?}: {problem}");
 
         // Nothing listens on this port: the exit's connect is refused.
-        let closed = bind().await.local_addr().expect("address");
+        let (_held, closed) = closed_port();
         let mut client = socks_client(tunnel.entry).await;
         let reply = connect_request(&mut client, &ipv4(closed)).await;
         assert_eq!(reply, CONNECTION_REFUSED, "{}", what("a closed port"));
@@ -259,6 +259,18 @@ async fn socks_client(entry: SocketAddr) -> TcpStream {
         .expect("read the method answer");
     assert_eq!(answer, [5, 0], "no authentication accepted");
     client
+}
+
+/// A loopback address that refuses connections, for as long as the socket returned is kept: it
+/// holds the port, bound but not listening, so that nothing else binds it meanwhile and no
+/// outgoing connection takes it as its own port (which would connect to itself).
+fn closed_port() -> (TcpSocket, SocketAddr) {
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("address");
+    (socket, addr)
 }
 
 /// The address part of a request (type, address, port) for an IPv4 address.
