@@ -57,10 +57,11 @@
 //! # What each failure ends
 //!
 //! - A client that closes its connection ends its own stream, nothing else.
-//! - A target that refuses a connection gets that one stream closed: its client is closed too
-//!   (in SOCKS5 mode it first reads the SOCKS5 error reply). The gomux connection and every
-//!   other client carry on. So does a stream the other end refuses because too many of them
-//!   wait to be accepted there.
+//! - A target that refuses a connection gets that one stream closed, and its client is closed
+//!   with it (in SOCKS5 mode, after the SOCKS5 error reply). The gomux connection and every
+//!   other client carry on.
+//! - The same goes for a stream that the other end refuses because too many streams already
+//!   wait there to be accepted: its client is closed, nothing else.
 //! - When the gomux connection itself dies, every client connection it carried is closed, and
 //!   the dialling end dials again, waiting longer after each failed attempt (exponential
 //!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while.
@@ -69,7 +70,8 @@
 //! `RUST_LOG=debug` adds a line for every client connection, with its session and stream ids).
 //!
 //! The entry and the exit are plain async functions, [`run_entry`] and [`run_exit`], that take
-//! already bound listeners, so a test can run both in one process on ephemeral ports.
+//! already bound listeners (and the addresses to dial), so a test can run both in one process
+//! on ephemeral ports.
 //!
 //! For comparison, `tunnel relay --listen ADDR --target ADDR` forwards TCP connections one to
 //! one, without gomux: two relays in a row make the same two hops as an entry and an exit, so
@@ -129,8 +131,8 @@ const COPY_BUFFER: usize = 32 * 1024;
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the exit waits for a stream's SOCKS5 greeting and request. A SOCKS client sends
-/// both at once; a stream that stays silent this long is not one, and is closed rather than
-/// kept with a task waiting on it.
+/// each as soon as it may; a stream that stays silent this long is not one, and is closed
+/// rather than kept with a task waiting on it.
 const SOCKS_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The longest SOCKS5 reply: 4 bytes of header, an IPv6 address and a port.
