@@ -1,4 +1,5 @@
-//! A TCP port forwarder that carries every forwarded connection over one gomux connection.
+//! A TCP port forwarder that carries every forwarded connection over one gomux connection,
+//! forward or reverse, to a fixed target or as a SOCKS5 proxy.
 //!
 //! Two programs in one: the *entry* listens where clients connect, and the *exit* runs near the
 //! service they want to reach (the *target*). Between the two there is a single TCP connection,
@@ -19,21 +20,58 @@
 //! redis-cli -p 7000 PING
 //! ```
 //!
-//! What each failure ends:
+//! # Reverse: the exit dials the entry
+//!
+//! Which end dials the gomux connection is a separate choice from which end the clients use.
+//! With `exit --entry ADDR` and `entry --accept-exit ADDR`, the exit dials out to the entry and
+//! the entry waits for it: the exit can then sit behind NAT or a firewall that lets connections
+//! out but not in (an *agent*), and the entry on a public host. The exit keeps the connection
+//! up, dialling again with backoff whenever it is lost, exactly as the entry does in the
+//! forward direction; the entry still opens one stream per client, now towards the exit that
+//! dialled it (either end of a gomux session can open streams). The latest exit to connect
+//! carries new clients.
+//!
+//! # SOCKS5: the exit as a proxy
+//!
+//! With `--socks` instead of `--target ADDR`, the exit has no fixed target: every stream starts
+//! with a SOCKS5 request (RFC 1928, "no authentication", CONNECT), which the exit answers before
+//! connecting the stream to the host and port it names. The entry knows nothing of SOCKS: a
+//! client's greeting and request travel through the stream like any other bytes. So names are
+//! resolved, and hosts reached, from the exit's network. Together with the reverse direction,
+//! this is a reverse SOCKS5 proxy, as Go gomux's author ships one: SOCKS clients on the public
+//! host reach the network behind NAT as if they were on it.
+//!
+//! ```text
+//! # behind NAT: dial the public host and serve SOCKS5 on every stream it opens
+//! cargo run --release --example tunnel -- exit  --entry public.example.com:7001 --socks
+//! # on the public host: SOCKS clients on 1080 (loopback only), the exit dials in on 7001
+//! cargo run --release --example tunnel -- entry --listen 127.0.0.1:1080 --accept-exit 0.0.0.0:7001
+//! curl --socks5-hostname 127.0.0.1:1080 http://intranet.internal/
+//! ```
+//!
+//! Neither end authenticates the other and nothing is encrypted: whoever can reach the exit's
+//! `--listen` port, or the entry's `--accept-exit` port, can use (or, for the latter, take
+//! over) the tunnel. Keep those ports on a network you trust, or run the session over TLS as
+//! `examples/tls.rs` does.
+//!
+//! # What each failure ends
 //!
 //! - A client that closes its connection ends its own stream, nothing else.
-//! - A target that refuses a connection gets that one stream closed: its client reads
-//!   end-of-stream (and its connection is closed as soon as it writes or closes). The gomux
-//!   connection and every other client carry on.
+//! - A target that refuses a connection gets that one stream closed, and its client is closed
+//!   with it (in SOCKS5 mode, after the SOCKS5 error reply). The gomux connection and every
+//!   other client carry on.
+//! - The same goes for a stream that the other end refuses because too many streams already
+//!   wait there to be accepted: its client is closed, nothing else.
 //! - When the gomux connection itself dies, every client connection it carried is closed, and
-//!   the entry dials the exit again, waiting longer after each failed attempt (exponential
+//!   the dialling end dials again, waiting longer after each failed attempt (exponential
 //!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while.
 //!
 //! Both ends log through `tracing`; `RUST_LOG` picks what is shown (`info` by default,
 //! `RUST_LOG=debug` adds a line for every client connection, with its session and stream ids).
 //!
 //! The entry and the exit are plain async functions, [`run_entry`] and [`run_exit`], that take
-//! an already bound listener, so a test can run both in one process on ephemeral ports.
+//! already bound listeners (and the addresses to dial), so a test can run both in one process
+//! on ephemeral ports.
 //!
 //! For comparison, `tunnel relay --listen ADDR --target ADDR` forwards TCP connections one to
 //! one, without gomux: two relays in a row make the same two hops as an entry and an exit, so
@@ -43,11 +81,16 @@
 use std::error::Error as StdError;
 use std::io::{self, IsTerminal};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use gomux::{Config, Role, Session, Stream};
-use tokio::io::{AsyncRead, AsyncWrite};
+use fast_socks5::server::Socks5ServerProtocol;
+use fast_socks5::util::target_addr::TargetAddr;
+use fast_socks5::{ReplyError, Socks5Command};
+use gomux::{Config, Error, Role, Session, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -55,12 +98,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
 const USAGE: &str = "\
-usage: tunnel entry --listen ADDR --exit ADDR     accept TCP clients on ADDR and carry each one
-                                                 as a gomux stream to the exit at ADDR
-       tunnel exit --listen ADDR --target ADDR    accept gomux connections on ADDR and connect
-                                                 each stream to the target at ADDR
-       tunnel relay --listen ADDR --target ADDR   forward each TCP connection on ADDR to its
-                                                 own connection to ADDR, without gomux
+usage: tunnel entry --listen ADDR (--exit ADDR | --accept-exit ADDR)
+       tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks)
+       tunnel relay --listen ADDR --target ADDR
+
+The entry accepts TCP clients and carries each one as a gomux stream over a single
+connection to the exit; the exit connects each stream onwards.
+
+entry  --listen ADDR       accept TCP clients on ADDR
+       --exit ADDR         dial the exit at ADDR, and again whenever the connection is lost
+       --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
+                           new clients)
+exit   --listen ADDR       accept gomux connections from entries on ADDR
+       --entry ADDR        reverse: dial the entry at ADDR, and again whenever the connection
+                           is lost (for an exit behind NAT)
+       --target ADDR       connect every stream to ADDR
+       --socks             read a SOCKS5 CONNECT request from every stream and connect it to
+                           the address requested (host names resolved by the exit)
+relay  --listen ADDR --target ADDR
+                           forward each TCP connection on ADDR to its own connection to
+                           ADDR, without gomux (a baseline for measurements)
+
 RUST_LOG sets the log filter (default: info).";
 
 /// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
@@ -68,8 +126,17 @@ RUST_LOG sets the log filter (default: info).";
 /// thousand idle connections hold 64 MiB of buffers per end rather than twice that.
 const COPY_BUFFER: usize = 32 * 1024;
 
-/// How long the exit waits for the target to accept a connection.
+/// How long the exit waits for the target to accept a connection (in SOCKS5 mode, name
+/// resolution included).
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the exit waits for a stream's SOCKS5 greeting and request. A SOCKS client sends
+/// each as soon as it may; a stream that stays silent this long is not one, and is closed
+/// rather than kept with a task waiting on it.
+const SOCKS_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest SOCKS5 reply: 4 bytes of header, an IPv6 address and a port.
+const SOCKS_REPLY_MAX: usize = 4 + 16 + 2;
 
 /// Pause after a failed `accept`, which happens when the process runs out of file descriptors:
 /// retrying at once would spin until one is freed.
@@ -80,16 +147,35 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 // ---------------------------------------------------------------------------------------------
 
 /// What the command line asked for.
-enum Command {
-    Entry { listen: String, exit: String },
-    Exit { listen: String, target: String },
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    Entry { listen: String, exit: Via },
+    Exit { entry: Via, target: TargetArg },
     Relay { listen: String, target: String },
+}
+
+/// How an end makes its gomux connection, as given on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Dial the other end at this address.
+    Dial(String),
+    /// Wait for the other end to dial in on this address.
+    Accept(String),
+}
+
+/// What the exit connects its streams to, as given on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TargetArg {
+    /// Always this address.
+    Fixed(String),
+    /// The address each stream's SOCKS5 request names.
+    Socks,
 }
 
 #[tokio::main]
 async fn main() {
-    // `RUST_LOG` decides what is logged; without it, `info` shows connections to the exit
-    // coming and going but not every client.
+    // `RUST_LOG` decides what is logged; without it, `info` shows connections between the
+    // ends coming and going but not every client.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -109,7 +195,7 @@ async fn main() {
     }
     // Check the whole command line before starting anything.
     let command = parse_args(&args).unwrap_or_else(|problem| {
-        eprintln!("tunnel: {problem}\n{USAGE}");
+        eprintln!("tunnel: {problem}\n\n{USAGE}");
         process::exit(2)
     });
 
@@ -125,20 +211,44 @@ async fn main() {
     }
 }
 
-/// Binds the listening address, resolves the other address once, and runs the chosen end.
+/// Binds the listening addresses, resolves the others once, and runs the chosen end.
 async fn run(command: Command) -> Result<(), Box<dyn StdError>> {
     match command {
         Command::Entry { listen, exit } => {
-            let listener = bind(&listen).await?;
-            let exit = resolve(&exit).await?;
-            info!(listen = %listener.local_addr()?, %exit, "entry listening");
-            run_entry(listener, exit, EntryOptions::default()).await;
+            let clients = bind(&listen).await?;
+            let listen = clients.local_addr()?;
+            let exit = match exit {
+                Via::Dial(addr) => {
+                    let exit = resolve(&addr).await?;
+                    info!(%listen, %exit, "entry listening");
+                    Peer::Dial(exit)
+                }
+                Via::Accept(addr) => {
+                    let exits = bind(&addr).await?;
+                    info!(%listen, exits = %exits.local_addr()?, "entry listening");
+                    Peer::Accept(exits)
+                }
+            };
+            run_entry(clients, exit, EntryOptions::default()).await;
         }
-        Command::Exit { listen, target } => {
-            let listener = bind(&listen).await?;
-            let target = resolve(&target).await?;
-            info!(listen = %listener.local_addr()?, %target, "exit listening");
-            run_exit(listener, target).await;
+        Command::Exit { entry, target } => {
+            let destination = match target {
+                TargetArg::Fixed(addr) => Destination::Fixed(resolve(&addr).await?),
+                TargetArg::Socks => Destination::Socks,
+            };
+            let entry = match entry {
+                Via::Accept(addr) => {
+                    let listener = bind(&addr).await?;
+                    info!(listen = %listener.local_addr()?, target = %destination, "exit listening");
+                    Peer::Accept(listener)
+                }
+                Via::Dial(addr) => {
+                    let entry = resolve(&addr).await?;
+                    info!(%entry, target = %destination, "exit dialling the entry");
+                    Peer::Dial(entry)
+                }
+            };
+            run_exit(entry, destination, Redial::default()).await;
         }
         Command::Relay { listen, target } => {
             let listener = bind(&listen).await?;
@@ -167,46 +277,179 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 }
 
 /// Parses the arguments after the program name.
-fn parse_args(args: &[String]) -> Result<Command, String> {
+pub fn parse_args(args: &[String]) -> Result<Command, String> {
     let Some((mode, options)) = args.split_first() else {
         return Err("say which end to run: entry, exit or relay".into());
     };
-
-    let mut listen = None;
-    let mut other = None;
-    let other_flag = match mode.as_str() {
-        "entry" => "--exit",
-        "exit" | "relay" => "--target",
+    let known: &[&str] = match mode.as_str() {
+        "entry" => &["--listen", "--exit", "--accept-exit"],
+        "exit" => &["--listen", "--entry", "--target", "--socks"],
+        "relay" => &["--listen", "--target"],
         unknown => return Err(format!("unknown mode {unknown:?}: entry, exit or relay")),
     };
+
+    // Every option once at most; all but `--socks` take an address.
+    let mut given: Vec<(&str, String)> = Vec::new();
     let mut options = options.iter();
     while let Some(option) = options.next() {
-        let value = options
-            .next()
-            .ok_or_else(|| format!("{option} needs an address"))?
-            .clone();
-        match option.as_str() {
-            "--listen" => listen = Some(value),
-            flag if flag == other_flag => other = Some(value),
-            unknown => return Err(format!("unknown option {unknown:?} for {mode}")),
+        let Some(&flag) = known.iter().find(|&&flag| flag == option.as_str()) else {
+            return Err(format!("unknown option {option:?} for {mode}"));
+        };
+        if given.iter().any(|(seen, _)| *seen == flag) {
+            return Err(format!("{flag} is given twice"));
         }
+        let value = if flag == "--socks" {
+            String::new()
+        } else {
+            options
+                .next()
+                .ok_or_else(|| format!("{flag} needs an address"))?
+                .clone()
+        };
+        given.push((flag, value));
     }
-    let listen = listen.ok_or("--listen ADDR is required")?;
-    let other = other.ok_or_else(|| format!("{other_flag} ADDR is required"))?;
+    let mut take = |flag: &str| {
+        given
+            .iter()
+            .position(|(seen, _)| *seen == flag)
+            .map(|at| given.swap_remove(at).1)
+    };
+
     Ok(match mode.as_str() {
         "entry" => Command::Entry {
-            listen,
-            exit: other,
+            listen: take("--listen").ok_or("--listen ADDR is required")?,
+            exit: match (take("--exit"), take("--accept-exit")) {
+                (Some(addr), None) => Via::Dial(addr),
+                (None, Some(addr)) => Via::Accept(addr),
+                (Some(_), Some(_)) => return Err("give --exit or --accept-exit, not both".into()),
+                (None, None) => {
+                    return Err(
+                        "say how to reach the exit: --exit ADDR to dial it, or --accept-exit \
+                         ADDR to let it dial in"
+                            .into(),
+                    )
+                }
+            },
         },
         "exit" => Command::Exit {
-            listen,
-            target: other,
+            entry: match (take("--listen"), take("--entry")) {
+                (Some(addr), None) => Via::Accept(addr),
+                (None, Some(addr)) => Via::Dial(addr),
+                (Some(_), Some(_)) => return Err("give --listen or --entry, not both".into()),
+                (None, None) => {
+                    return Err(
+                        "say how to reach the entry: --listen ADDR to let it dial in, or \
+                         --entry ADDR to dial it"
+                            .into(),
+                    )
+                }
+            },
+            target: match (take("--target"), take("--socks")) {
+                (Some(addr), None) => TargetArg::Fixed(addr),
+                (None, Some(_)) => TargetArg::Socks,
+                (Some(_), Some(_)) => return Err("give --target or --socks, not both".into()),
+                (None, None) => return Err("--target ADDR or --socks is required".into()),
+            },
         },
         _ => Command::Relay {
-            listen,
-            target: other,
+            listen: take("--listen").ok_or("--listen ADDR is required")?,
+            target: take("--target").ok_or("--target ADDR is required")?,
         },
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Making the gomux connection
+// ---------------------------------------------------------------------------------------------
+
+/// How an end makes its gomux connection with the other.
+pub enum Peer {
+    /// Dial the other end at this address, and again whenever the connection is lost.
+    Dial(SocketAddr),
+    /// Accept the other end's connections on this listener.
+    Accept(TcpListener),
+}
+
+/// How an end that dials keeps its connection up.
+#[derive(Debug, Clone)]
+pub struct Redial {
+    /// Wait before the second attempt; each further failure doubles it.
+    pub backoff_initial: Duration,
+    /// The longest wait between two attempts.
+    pub backoff_max: Duration,
+    /// Give up on one attempt after this long: a dial to a host that silently drops packets
+    /// would otherwise take minutes to fail.
+    pub dial_timeout: Duration,
+}
+
+impl Default for Redial {
+    fn default() -> Redial {
+        Redial {
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            dial_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Dials the other end, again and again, with backoff between failed attempts.
+struct Dialler {
+    addr: SocketAddr,
+    redial: Redial,
+    /// "exit" or "entry", for the logs.
+    other: &'static str,
+    /// How many connections have been made, so that logs can tell them apart.
+    number: u64,
+    delay: Duration,
+    /// When the latest connection was made.
+    connected_at: Option<Instant>,
+}
+
+impl Dialler {
+    fn new(addr: SocketAddr, redial: Redial, other: &'static str) -> Dialler {
+        Dialler {
+            addr,
+            delay: redial.backoff_initial,
+            redial,
+            other,
+            number: 0,
+            connected_at: None,
+        }
+    }
+
+    /// A new session with the other end, in the client role, once a dial succeeds. Called
+    /// again after the previous session has ended.
+    async fn connect(&mut self) -> Session {
+        if let Some(connected_at) = self.connected_at.take() {
+            // A connection that lasted a while was a good one: dial again straight away, the
+            // other end was probably restarted. One that died at once (an end that accepts
+            // and drops, say) counts as a failed attempt, so the wait keeps growing.
+            if connected_at.elapsed() >= self.redial.backoff_max {
+                self.delay = self.redial.backoff_initial;
+            } else {
+                self.pause().await;
+            }
+        }
+        loop {
+            match connect(self.addr, self.redial.dial_timeout).await {
+                Ok(socket) => {
+                    self.number += 1;
+                    self.connected_at = Some(Instant::now());
+                    return Session::with_config(socket, Role::Client, mux_config());
+                }
+                Err(error) => {
+                    let (addr, other) = (self.addr, self.other);
+                    warn!(%addr, %error, retry_in = ?self.delay, "cannot reach the {other}");
+                    self.pause().await;
+                }
+            }
+        }
+    }
+
+    async fn pause(&mut self) {
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(self.redial.backoff_max);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,13 +459,8 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
 /// How the entry keeps its connection to the exit, and how long clients wait for it.
 #[derive(Debug, Clone)]
 pub struct EntryOptions {
-    /// Wait before the second attempt to dial the exit; each further failure doubles it.
-    pub backoff_initial: Duration,
-    /// The longest wait between two attempts.
-    pub backoff_max: Duration,
-    /// Give up on one attempt after this long: a dial to a host that silently drops packets
-    /// would otherwise take minutes to fail.
-    pub dial_timeout: Duration,
+    /// How the entry dials the exit (unused when the exit dials in).
+    pub redial: Redial,
     /// How long a new client waits for a connection to the exit before it is turned away.
     pub client_wait: Duration,
 }
@@ -230,15 +468,13 @@ pub struct EntryOptions {
 impl Default for EntryOptions {
     fn default() -> EntryOptions {
         EntryOptions {
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(5),
-            dial_timeout: Duration::from_secs(5),
+            redial: Redial::default(),
             client_wait: Duration::from_secs(10),
         }
     }
 }
 
-/// One gomux connection to the exit. `number` counts the connections this entry has made, so
+/// One gomux connection to the exit. `number` counts the connections this entry has had, so
 /// logs can tell them apart and a client can wait for a *newer* one than a connection that
 /// just failed it.
 #[derive(Clone)]
@@ -249,28 +485,33 @@ struct Link {
     ended: CancellationToken,
 }
 
-/// Runs the entry: accepts clients on `listener` and carries each one as a stream over a
-/// single gomux connection to the exit at `exit`, which it dials, and dials again whenever it
-/// is lost.
+/// Runs the entry: accepts clients on `clients` and carries each one as a stream over a single
+/// gomux connection to the exit, which the entry dials (and dials again whenever it is lost),
+/// or which the exit dials in (`Peer::Accept`; the latest connection carries new clients).
 ///
-/// Runs until the future is dropped (or its task aborted); that also stops the dialling.
-/// Client connections already being forwarded run in their own tasks and finish on their own.
-pub async fn run_entry(listener: TcpListener, exit: SocketAddr, options: EntryOptions) {
+/// Runs until the future is dropped (or its task aborted); that also stops the dialling, or
+/// the accepting of exits. Client connections already being forwarded run in their own tasks
+/// and finish on their own.
+pub async fn run_entry(clients: TcpListener, exit: Peer, options: EntryOptions) {
     // The current connection is published through a watch channel: `None` while there is
-    // none. Every client task reads the latest value; only the dialling task writes it.
+    // none. Every client task reads the latest value; only the tasks that make the connections
+    // write it.
     let (publish, links) = watch::channel(None);
-    let _dialler = AbortOnDrop(tokio::spawn(maintain_link(exit, options.clone(), publish)));
+    let _connections = AbortOnDrop(match exit {
+        Peer::Dial(addr) => tokio::spawn(dial_exit(addr, options.redial.clone(), publish)),
+        Peer::Accept(listener) => tokio::spawn(accept_exits(listener, publish)),
+    });
 
-    let mut clients = 0u64;
+    let mut count = 0u64;
     loop {
-        let (socket, peer) = accept(&listener).await;
-        clients += 1;
+        let (socket, peer) = accept(&clients).await;
+        count += 1;
 
         // Every log line about this client carries its number and address; the session and
         // stream ids are filled in once they are known.
         let span = info_span!(
             "client",
-            client = clients,
+            client = count,
             %peer,
             session = tracing::field::Empty,
             stream = tracing::field::Empty,
@@ -282,51 +523,67 @@ pub async fn run_entry(listener: TcpListener, exit: SocketAddr, options: EntryOp
 
 /// Keeps a gomux connection to the exit up, publishing each new one, for as long as anyone
 /// listens.
-async fn maintain_link(
-    exit: SocketAddr,
-    options: EntryOptions,
-    publish: watch::Sender<Option<Link>>,
-) {
-    let mut number = 0u64;
-    let mut delay = options.backoff_initial;
+async fn dial_exit(exit: SocketAddr, redial: Redial, publish: watch::Sender<Option<Link>>) {
+    let mut dialler = Dialler::new(exit, redial, "exit");
     loop {
-        match connect(exit, options.dial_timeout).await {
-            Ok(socket) => {
-                number += 1;
-                let span = info_span!("session", session = number);
-                let session = Session::with_config(socket, Role::Client, mux_config());
-                span.in_scope(|| info!(%exit, "connected to the exit"));
-                let ended = CancellationToken::new();
-                publish.send_replace(Some(Link {
-                    number,
-                    session: session.clone(),
-                    ended: ended.clone(),
-                }));
-
-                // Nothing to do until the connection dies. Then every client it carried is
-                // told, through the token, and closes.
-                let started = Instant::now();
-                let reason = session.closed().await;
-                ended.cancel();
-                publish.send_replace(None);
-                span.in_scope(|| warn!(%reason, "connection to the exit lost"));
-
-                // A connection that lasted a while was a good one: dial again straight away,
-                // the exit was probably restarted. One that died at once (an exit that accepts
-                // and drops, say) counts as a failed attempt, so the wait keeps growing.
-                if started.elapsed() >= options.backoff_max {
-                    delay = options.backoff_initial;
-                    continue;
-                }
-            }
-            Err(error) => warn!(%exit, %error, retry_in = ?delay, "cannot reach the exit"),
-        }
+        let session = dialler.connect().await;
+        let span = info_span!("session", session = dialler.number);
+        span.in_scope(|| info!(%exit, "connected to the exit"));
+        let reason = carry_clients(dialler.number, session, &publish).await;
+        span.in_scope(|| warn!(%reason, "connection to the exit lost"));
         if publish.is_closed() {
             return; // no client can be served any more: the entry has stopped
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(options.backoff_max);
     }
+}
+
+/// Accepts gomux connections from exits, each of which carries the clients that arrive while
+/// it is the latest.
+async fn accept_exits(listener: TcpListener, publish: watch::Sender<Option<Link>>) {
+    let mut count = 0u64;
+    loop {
+        let (socket, peer) = accept(&listener).await;
+        count += 1;
+        let number = count;
+        let publish = publish.clone();
+        let connection = async move {
+            info!("exit connected");
+            let session = Session::with_config(socket, Role::Server, mux_config());
+            let reason = carry_clients(number, session, &publish).await;
+            warn!(%reason, "exit disconnected");
+        };
+        // A task per connection: each one waits for its session's end.
+        tokio::spawn(connection.instrument(info_span!("session", session = number, %peer)));
+    }
+}
+
+/// Makes `session` the one that carries new clients, until it ends (and returns why).
+async fn carry_clients(
+    number: u64,
+    session: Session,
+    publish: &watch::Sender<Option<Link>>,
+) -> Error {
+    let ended = CancellationToken::new();
+    publish.send_replace(Some(Link {
+        number,
+        session: session.clone(),
+        ended: ended.clone(),
+    }));
+
+    // Nothing to do until the connection dies. Then every client it carried is told, through
+    // the token, and closes.
+    let reason = session.closed().await;
+    ended.cancel();
+    // Withdraw it, unless a newer connection has taken its place meanwhile (an exit that
+    // dialled in again before its old connection was found dead).
+    publish.send_if_modified(|current| {
+        let withdraw = current.as_ref().is_some_and(|link| link.number == number);
+        if withdraw {
+            *current = None;
+        }
+        withdraw
+    });
+    reason
 }
 
 /// Forwards one client connection through the current gomux connection.
@@ -341,7 +598,7 @@ async fn serve_client(client: TcpStream, mut links: watch::Receiver<Option<Link>
         let newer = links.wait_for(|link| link.as_ref().is_some_and(|l| l.number > failed));
         let link = match tokio::time::timeout_at(deadline, newer).await {
             Ok(Ok(link)) => link.clone(),
-            Ok(Err(_)) => return, // the dialling task is gone: the entry has stopped
+            Ok(Err(_)) => return, // nothing publishes connections any more: the entry stopped
             Err(_) => {
                 warn!(?wait, "no connection to the exit; turning the client away");
                 return;
@@ -363,7 +620,9 @@ async fn serve_client(client: TcpStream, mut links: watch::Receiver<Option<Link>
     span.record("session", link.number);
     span.record("stream", stream.id());
     debug!("forwarding");
-    bridge(client, stream, &link.ended).await;
+    // A stream the exit refuses (its accept backlog is full) is closed by it at once: `carry`
+    // then closes the client too.
+    carry(client, stream, &link.ended).await;
 }
 
 /// Calls [`JoinHandle::abort`] when dropped, so a spawned helper task ends with its owner.
@@ -379,25 +638,65 @@ impl Drop for AbortOnDrop {
 // The exit
 // ---------------------------------------------------------------------------------------------
 
-/// Runs the exit: accepts gomux connections on `listener` (from any number of entries) and
-/// connects every stream on them to `target`.
-///
-/// Runs until the future is dropped (or its task aborted). Sessions already accepted run in
-/// their own tasks and finish on their own.
-pub async fn run_exit(listener: TcpListener, target: SocketAddr) {
-    let mut sessions = 0u64;
-    loop {
-        let (socket, peer) = accept(&listener).await;
-        sessions += 1;
-        let span = info_span!("session", session = sessions, %peer);
-        tokio::spawn(serve_session(socket, target).instrument(span));
+/// Where the exit connects its streams.
+#[derive(Debug, Clone, Copy)]
+pub enum Destination {
+    /// Every stream to this target.
+    Fixed(SocketAddr),
+    /// Each stream to the address its SOCKS5 request names.
+    Socks,
+}
+
+impl std::fmt::Display for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Destination::Fixed(addr) => addr.fmt(f),
+            Destination::Socks => f.write_str("SOCKS5"),
+        }
     }
 }
 
-/// Serves one gomux connection from an entry until it ends.
-async fn serve_session(socket: TcpStream, target: SocketAddr) {
-    info!("entry connected");
-    let session = Session::with_config(socket, Role::Server, mux_config());
+/// Runs the exit: serves the streams of gomux connections from entries, connecting each one
+/// to `destination`. With `Peer::Accept` it accepts connections from any number of entries;
+/// with `Peer::Dial` it dials the entry, and dials again (as `redial` says) whenever the
+/// connection is lost.
+///
+/// Runs until the future is dropped (or its task aborted). Sessions already accepted run in
+/// their own tasks and finish on their own.
+pub async fn run_exit(entry: Peer, destination: Destination, redial: Redial) {
+    match entry {
+        Peer::Accept(listener) => {
+            let mut sessions = 0u64;
+            loop {
+                let (socket, peer) = accept(&listener).await;
+                sessions += 1;
+                let serve = async move {
+                    info!("entry connected");
+                    let session = Session::with_config(socket, Role::Server, mux_config());
+                    let (reason, streams) = serve_streams(session, destination).await;
+                    info!(%reason, streams, "entry disconnected");
+                };
+                tokio::spawn(serve.instrument(info_span!("session", session = sessions, %peer)));
+            }
+        }
+        Peer::Dial(addr) => {
+            let mut dialler = Dialler::new(addr, redial, "entry");
+            loop {
+                let session = dialler.connect().await;
+                let span = info_span!("session", session = dialler.number);
+                span.in_scope(|| info!(entry = %addr, "connected to the entry"));
+                let (reason, streams) = serve_streams(session, destination)
+                    .instrument(span.clone())
+                    .await;
+                span.in_scope(|| warn!(%reason, streams, "connection to the entry lost"));
+            }
+        }
+    }
+}
+
+/// Connects every stream of one gomux connection to `destination`, until the connection ends;
+/// returns why it ended, and how many streams it carried.
+async fn serve_streams(session: Session, destination: Destination) -> (Error, u64) {
     // Cancelled when the session ends, which is when `accept` fails.
     let ended = CancellationToken::new();
     let mut streams = 0u64;
@@ -407,13 +706,20 @@ async fn serve_session(socket: TcpStream, target: SocketAddr) {
                 streams += 1;
                 // The span nests in the session's, so each line names both ids.
                 let span = info_span!("stream", stream = stream.id());
-                tokio::spawn(forward(stream, ended.clone(), target).instrument(span));
+                let ended = ended.clone();
+                let forward = async move {
+                    match destination {
+                        Destination::Fixed(target) => forward(stream, ended, target).await,
+                        Destination::Socks => forward_socks(stream, ended).await,
+                    }
+                };
+                tokio::spawn(forward.instrument(span));
             }
             Err(reason) => break reason,
         }
     };
     ended.cancel();
-    info!(%reason, streams, "entry disconnected");
+    (reason, streams)
 }
 
 /// Connects one stream to the target and relays until both directions are done.
@@ -421,14 +727,187 @@ async fn forward(mut stream: Stream, session_ended: CancellationToken, target: S
     let socket = match connect(target, TARGET_CONNECT_TIMEOUT).await {
         Ok(socket) => socket,
         Err(error) => {
-            // Close this stream only: its client reads end-of-stream, the session goes on.
+            // Close this stream only: its client is closed, the session goes on.
             warn!(%target, %error, "cannot reach the target; closing the stream");
             let _ = stream.close().await;
             return;
         }
     };
     debug!("forwarding");
-    bridge(socket, stream, &session_ended).await;
+    carry(socket, stream, &session_ended).await;
+}
+
+/// Answers the SOCKS5 request at the start of one stream, connects it to the address
+/// requested, and relays until both directions are done.
+///
+/// The greeting offers "no authentication" only, and the only command served is CONNECT; a
+/// host name is resolved here. Anything else is answered with the SOCKS5 error that fits, and
+/// the stream closed. Parsing is `fast_socks5`'s: it reads fixed-size fields and lengths of one
+/// byte (at most 255 authentication methods, host names of at most 255 bytes), so a peer
+/// cannot make it read or allocate more.
+async fn forward_socks(stream: Stream, session_ended: CancellationToken) {
+    let stream = WholeWrites::new(stream);
+    let request = async {
+        Socks5ServerProtocol::accept_no_auth(stream)
+            .await?
+            .read_command()
+            .await
+    };
+    let (socks, command, requested) =
+        match tokio::time::timeout(SOCKS_REQUEST_TIMEOUT, request).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(error)) => {
+                // Already answered with an error reply where the protocol has one; dropping
+                // the stream closes it.
+                info!(%error, "not a SOCKS5 request this exit serves; closing the stream");
+                return;
+            }
+            Err(_) => {
+                info!(timeout = ?SOCKS_REQUEST_TIMEOUT, "no SOCKS5 request; closing the stream");
+                return;
+            }
+        };
+    if !matches!(command, Socks5Command::TCPConnect) {
+        info!(?command, "only SOCKS5 CONNECT is served; refusing");
+        let _ = socks.reply_error(&ReplyError::CommandNotSupported).await;
+        return;
+    }
+
+    let socket = match connect_requested(&requested).await {
+        Ok(socket) => socket,
+        Err(error) => {
+            info!(%requested, %error, "cannot reach the requested address; refusing");
+            let _ = socks.reply_error(&socks_reply(&error)).await;
+            return;
+        }
+    };
+    // The reply names the address the exit connects from, as RFC 1928 asks.
+    let bound = match socket.local_addr() {
+        Ok(bound) => bound,
+        Err(error) => {
+            debug!(%error, "the connection to the requested address failed at once");
+            let _ = socks.reply_error(&ReplyError::GeneralFailure).await;
+            return;
+        }
+    };
+    let stream = match socks.reply_success(bound).await {
+        Ok(stream) => stream.into_inner(),
+        Err(error) => {
+            debug!(%error, "the client went away before the SOCKS5 reply");
+            return;
+        }
+    };
+    debug!(%requested, "forwarding");
+    carry(socket, stream, &session_ended).await;
+}
+
+/// A gomux stream whose writes are never partial, for `fast_socks5`: it sends each of its
+/// replies with a single `write`, which `AsyncWrite` allows to take only part of the bytes, and
+/// which a gomux stream does take in part when the room its writer was let in with in the
+/// session's queue falls short. What it did not take is kept here and written before anything
+/// else is done with the stream: before a read (so a reply is out before the client is waited
+/// for), a flush, a shutdown, or the next write.
+struct WholeWrites {
+    stream: Stream,
+    /// What the stream has not taken yet of an earlier write: at most one SOCKS5 reply.
+    rest: Vec<u8>,
+}
+
+impl WholeWrites {
+    fn new(stream: Stream) -> WholeWrites {
+        WholeWrites {
+            stream,
+            rest: Vec::new(),
+        }
+    }
+
+    /// The stream. Every SOCKS5 reply ends with a flush, so nothing is left behind.
+    fn into_inner(self) -> Stream {
+        debug_assert!(self.rest.is_empty(), "taken apart before a flush");
+        self.stream
+    }
+
+    /// Writes what an earlier write left.
+    fn poll_rest(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.rest.is_empty() {
+            let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.rest))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.rest.drain(..n);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for WholeWrites {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_rest(cx))?;
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WholeWrites {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_rest(cx))?;
+        let n = ready!(Pin::new(&mut this.stream).poll_write(cx, data))?;
+        // Keep the rest of a reply-sized write; a larger one may stay partial, as its writer
+        // has to loop anyway.
+        if n < data.len() && data.len() <= SOCKS_REPLY_MAX {
+            this.rest.extend_from_slice(&data[n..]);
+            return Poll::Ready(Ok(data.len()));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_rest(cx))?;
+        Pin::new(&mut this.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_rest(cx))?;
+        Pin::new(&mut this.stream).poll_shutdown(cx)
+    }
+}
+
+/// Connects to the address of a SOCKS5 request, resolving a host name here, at the exit, and
+/// trying its addresses in turn; all within [`TARGET_CONNECT_TIMEOUT`].
+async fn connect_requested(requested: &TargetAddr) -> io::Result<TcpStream> {
+    let connecting = async {
+        let socket = match requested {
+            TargetAddr::Ip(addr) => TcpStream::connect(addr).await?,
+            TargetAddr::Domain(host, port) => TcpStream::connect((host.as_str(), *port)).await?,
+        };
+        // As for every connection the tunnel makes: see `connect`.
+        socket.set_nodelay(true)?;
+        Ok(socket)
+    };
+    tokio::time::timeout(TARGET_CONNECT_TIMEOUT, connecting)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))?
+}
+
+/// The SOCKS5 reply for a failed connect. Names that do not resolve, hosts that do not answer
+/// in time and other failures all become "host unreachable", as most SOCKS5 servers answer.
+fn socks_reply(error: &io::Error) -> ReplyError {
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => ReplyError::ConnectionRefused,
+        io::ErrorKind::NetworkUnreachable => ReplyError::NetworkUnreachable,
+        _ => ReplyError::HostUnreachable,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -462,12 +941,19 @@ pub async fn run_relay(listener: TcpListener, target: SocketAddr) {
 
 /// Session settings for both ends. Both are this program, so each may expect the other's
 /// keepalives: a connection silent for the idle timeout is dead (a peer that vanished without
-/// closing, a network that dropped it), and ending it lets the entry dial again instead of
-/// waiting for TCP to notice, which can take many minutes.
+/// closing, a network that dropped it), and ending it lets the dialling end dial again instead
+/// of waiting for TCP to notice, which can take many minutes.
 fn mux_config() -> Config {
     Config::default()
         .keepalive_interval(Some(Duration::from_secs(10)))
         .idle_timeout(Some(Duration::from_secs(45)))
+}
+
+/// Relays between a TCP connection and a gomux stream until both directions are done, the
+/// other end has closed the stream both ways, or the session carrying the stream ends
+/// (`session_ended` is cancelled). See [`bridge`].
+pub async fn carry(tcp: TcpStream, stream: Stream, session_ended: &CancellationToken) {
+    bridge(tcp, EndsWhenPeerCloses(stream), session_ended).await;
 }
 
 /// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
@@ -499,6 +985,67 @@ where
         () = session_ended.cancelled() => debug!("session ended"),
     }
     // Returning drops both: the TCP connection closes, and the stream sends its close.
+}
+
+/// A gomux stream whose end of data counts as an error when the other end has also stopped
+/// reading it: the other end closed the stream both ways (it refused it, its connection to the
+/// target failed, or its client went away), so nothing more can go either way.
+///
+/// Without this, [`bridge`] would pass the end of data on as a half-close and keep waiting for
+/// the TCP side to send (only to find the stream closed) or to close, which a client waiting
+/// for an answer may never do. As an error, it ends the relay at once and closes the TCP
+/// connection.
+///
+/// Whether the other end still reads is asked with a write of no bytes, which fails on a gomux
+/// stream whose peer has stopped reading (the same error a real write would get, and nothing
+/// is sent). If a write of no bytes ever succeeded regardless, the end of data would simply
+/// pass on as a half-close, as before.
+struct EndsWhenPeerCloses(Stream);
+
+impl AsyncRead for EndsWhenPeerCloses {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let stream = &mut self.get_mut().0;
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut *stream).poll_read(cx, buf))?;
+        let end_of_data = buf.filled().len() == before && buf.remaining() > 0;
+        if end_of_data {
+            if let Poll::Ready(Err(error)) = Pin::new(&mut *stream).poll_write(cx, &[]) {
+                let peer_stopped_reading = error
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<Error>())
+                    .is_some_and(|inner| matches!(inner, Error::PeerReadClosed));
+                if peer_stopped_reading {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "the other end closed the stream",
+                    )));
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for EndsWhenPeerCloses {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
 }
 
 /// Dials `addr` with Nagle's algorithm off, giving up after `limit`.

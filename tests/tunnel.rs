@@ -1,41 +1,75 @@
 //! The TCP forwarder of `examples/tunnel.rs`, run in this process: its entry and exit on
-//! ephemeral loopback ports, real TCP clients in front and test targets (or a real Redis
-//! server, where one is installed) behind.
+//! ephemeral loopback ports, in both directions (the entry dialling the exit, and the exit
+//! dialling the entry), real TCP clients in front and test targets (or a real Redis server,
+//! where one is installed) behind. Its SOCKS5 mode is tested in `tests/socks.rs`.
 //!
 //! Between the entry and the exit sits a [`Link`], a plain TCP relay the tests can cut, to
-//! play a network failure and to count how many connections the entry made.
+//! play a network failure and to count how many connections the dialling end made.
 //!
 //! `RUST_LOG=debug cargo test --test tunnel -- --nocapture` shows the tunnel's logs.
 
-#[allow(dead_code)] // the example's command line is not used here
+#[allow(dead_code)] // the example's `main` is not used here
 #[path = "../examples/tunnel.rs"]
 mod tunnel;
 
 mod common;
+mod tunnel_support;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use gomux::{Config, Role, Session};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio_util::sync::CancellationToken;
 
 use common::{assert_same, pattern, within};
-use tunnel::{run_entry, run_exit, EntryOptions};
+use tunnel::{carry, parse_args, run_entry, run_exit, Destination, Peer, TargetArg, Via};
+use tunnel_support::{bind, entry_options, fast_redial, init_logs, Direction, Task, Tunnel};
 
 // ---------------------------------------------------------------------------------------------
-// The scenarios
+// The scenarios, in both directions
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_concurrent_clients_each_get_their_own_echo() {
-    let (_target, tunnel) = echo_tunnel().await;
+/// Runs each scenario twice: `forward::NAME` with the entry dialling the exit, and
+/// `reverse::NAME` with the exit dialling the entry. What clients see must not depend on it.
+macro_rules! in_both_directions {
+    ($($scenario:ident),* $(,)?) => {
+        mod forward {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::Direction::Forward).await
+                }
+            )*
+        }
+        mod reverse {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::Direction::Reverse).await
+                }
+            )*
+        }
+    };
+}
+
+in_both_directions!(
+    many_concurrent_clients_each_get_their_own_echo,
+    a_client_half_close_reaches_the_target,
+    a_target_half_close_reaches_the_client,
+    a_client_that_goes_away_ends_only_its_own_stream,
+    a_refusing_target_ends_only_that_client,
+    a_lost_connection_closes_its_clients_and_the_dialling_end_dials_again,
+);
+
+async fn many_concurrent_clients_each_get_their_own_echo(direction: Direction) {
+    let (_target, tunnel) = echo_tunnel(direction).await;
 
     let clients: Vec<_> = (0..48)
         .map(|seed| {
@@ -57,8 +91,7 @@ async fn many_concurrent_clients_each_get_their_own_echo() {
         .assert_connections(1, "all clients share one connection");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_half_close_reaches_the_target() {
+async fn a_client_half_close_reaches_the_target(direction: Direction) {
     // This target answers only once it has read end-of-file, then closes: the answer arriving
     // shows that the client's half-close went all the way, and that the other direction still
     // worked after it.
@@ -70,7 +103,7 @@ async fn a_client_half_close_reaches_the_target() {
         socket.shutdown().await
     })
     .await;
-    let tunnel = Tunnel::start(target.addr).await;
+    let tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
 
     let mut client = connect(tunnel.entry).await;
     client.write_all(&[7; 100_000]).await.expect("write");
@@ -82,8 +115,7 @@ async fn a_client_half_close_reaches_the_target() {
     assert_eq!(answer, "read 100000 bytes");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_half_close_reaches_the_client() {
+async fn a_target_half_close_reaches_the_client(direction: Direction) {
     // This target greets, half-closes, and then reads what the client still sends.
     let (heard_tx, heard) = tokio::sync::oneshot::channel();
     let heard_tx = Mutex::new(Some(heard_tx));
@@ -101,7 +133,7 @@ async fn a_target_half_close_reaches_the_client() {
         }
     })
     .await;
-    let tunnel = Tunnel::start(target.addr).await;
+    let tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
 
     let mut client = connect(tunnel.entry).await;
     let mut greeting = Vec::new();
@@ -120,9 +152,8 @@ async fn a_target_half_close_reaches_the_client() {
     assert_eq!(rest, b"still heard");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_goes_away_ends_only_its_own_stream() {
-    let (_target, tunnel) = echo_tunnel().await;
+async fn a_client_that_goes_away_ends_only_its_own_stream(direction: Direction) {
+    let (_target, tunnel) = echo_tunnel(direction).await;
 
     let mut stays = connect(tunnel.entry).await;
     echo_once(&mut stays, b"before").await;
@@ -137,12 +168,11 @@ async fn a_client_that_goes_away_ends_only_its_own_stream() {
     assert_eq!(newcomer, b"newcomer");
     tunnel
         .link
-        .assert_connections(1, "the connection to the exit lived on");
+        .assert_connections(1, "the gomux connection lived on");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusing_target_ends_only_that_client() {
-    let (target, tunnel) = echo_tunnel().await;
+async fn a_refusing_target_ends_only_that_client(direction: Direction) {
+    let (target, tunnel) = echo_tunnel(direction).await;
 
     let mut earlier = connect(tunnel.entry).await;
     echo_once(&mut earlier, b"before").await;
@@ -155,16 +185,17 @@ async fn a_refusing_target_ends_only_that_client() {
     let _ = refused.write_all(b"anyone?").await;
     assert_ended(&mut refused, "the refused client").await;
 
-    // The client connected before, and the connection to the exit, are untouched.
+    // The client connected before, and the gomux connection, are untouched.
     echo_once(&mut earlier, b"after").await;
     tunnel
         .link
-        .assert_connections(1, "the connection to the exit lived on");
+        .assert_connections(1, "the gomux connection lived on");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_connection_closes_its_clients_and_the_entry_dials_again() {
-    let (_target, tunnel) = echo_tunnel().await;
+async fn a_lost_connection_closes_its_clients_and_the_dialling_end_dials_again(
+    direction: Direction,
+) {
+    let (_target, tunnel) = echo_tunnel(direction).await;
 
     let mut first = connect(tunnel.entry).await;
     let mut second = connect(tunnel.entry).await;
@@ -178,33 +209,200 @@ async fn a_lost_connection_closes_its_clients_and_the_entry_dials_again() {
     assert_ended(&mut first, "the first client").await;
     assert_ended(&mut second, "the second client").await;
 
-    // A new client is carried by a new connection, once the entry has dialled again: it waits
-    // for it if it comes too early.
+    // A new client is carried by a new connection, once the dialling end has dialled again:
+    // it waits for it if it comes too early.
     let got = round_trip(connect(tunnel.entry).await, b"three").await;
     assert_eq!(got, b"three");
-    tunnel
-        .link
-        .assert_connections(2, "the entry dialled once more");
+    tunnel.link.assert_connections(2, "one more dial");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios of one direction
+// ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_waits_for_an_exit_that_is_not_up_yet() {
+    init_logs();
     let target = Target::spawn(echo).await;
 
     // Reserve a port for the exit, and leave it closed for now: the entry's dials are refused
     // and it backs off.
     let exit_addr = free_addr().await;
-    let entry = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let entry = bind().await;
     let entry_addr = entry.local_addr().expect("address");
-    let _entry = Task::spawn(run_entry(entry, exit_addr, fast_redial()));
+    let _entry = Task::spawn(run_entry(entry, Peer::Dial(exit_addr), entry_options()));
 
     let client = connect(entry_addr).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // a few failed dials
     let exit = TcpListener::bind(exit_addr).await.expect("bind the exit");
-    let _exit = Task::spawn(run_exit(exit, target.addr));
+    let _exit = Task::spawn(run_exit(
+        Peer::Accept(exit),
+        Destination::Fixed(target.addr),
+        fast_redial(),
+    ));
 
     let got = round_trip(client, b"patience").await;
     assert_eq!(got, b"patience");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_a_client_waits_for_an_exit_that_has_not_dialled_in_yet() {
+    init_logs();
+    let target = Target::spawn(echo).await;
+
+    // The entry listens for clients and for the exit; no exit has dialled in yet.
+    let (clients, exits) = (bind().await, bind().await);
+    let entry_addr = clients.local_addr().expect("address");
+    let exits_addr = exits.local_addr().expect("address");
+    let _entry = Task::spawn(run_entry(clients, Peer::Accept(exits), entry_options()));
+
+    let client = connect(entry_addr).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _exit = Task::spawn(run_exit(
+        Peer::Dial(exits_addr),
+        Destination::Fixed(target.addr),
+        fast_redial(),
+    ));
+
+    let got = round_trip(client, b"patience").await;
+    assert_eq!(got, b"patience");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_the_latest_exit_to_dial_in_carries_new_clients() {
+    init_logs();
+    // Two targets that say who they are, each behind its own exit.
+    let first_target = Target::spawn(|socket| says(socket, "first")).await;
+    let second_target = Target::spawn(|socket| says(socket, "second")).await;
+
+    let (clients, exits) = (bind().await, bind().await);
+    let entry_addr = clients.local_addr().expect("address");
+    let exits_addr = exits.local_addr().expect("address");
+    let _entry = Task::spawn(run_entry(clients, Peer::Accept(exits), entry_options()));
+
+    let _first_exit = Task::spawn(run_exit(
+        Peer::Dial(exits_addr),
+        Destination::Fixed(first_target.addr),
+        fast_redial(),
+    ));
+    let mut early = connect(entry_addr).await;
+    assert_eq!(hear(&mut early).await, "first");
+
+    // The second exit dials in. Clients that arrive once it has are carried by it; the
+    // client before it stays on the first exit.
+    let _second_exit = Task::spawn(run_exit(
+        Peer::Dial(exits_addr),
+        Destination::Fixed(second_target.addr),
+        fast_redial(),
+    ));
+    within("a client carried by the second exit", async {
+        loop {
+            let mut late = connect(entry_addr).await;
+            if hear(&mut late).await == "second" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    echo_once(&mut early, b"still here").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_other_end_refuses_closes_its_client_at_once() {
+    // A session whose other end accepts one stream at most and never takes it: the next
+    // stream is refused with CloseStream, as it is when an exit has too many streams waiting.
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let opener = Session::client(a);
+    let _refuser = Session::with_config(b, Role::Server, Config::default().accept_backlog(1));
+    let _queued = opener.open().await.expect("open the stream that is queued");
+    let refused = opener
+        .open()
+        .await
+        .expect("open the stream that is refused");
+
+    // A client that sends nothing and waits: only the refusal can end its connection.
+    let listener = bind().await;
+    let addr = listener.local_addr().expect("address");
+    let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let mut client = client.expect("connect");
+    let (socket, _) = accepted.expect("accept");
+
+    let never = CancellationToken::new();
+    within("the relay to end", carry(socket, refused, &never)).await;
+    assert_ended(&mut client, "the client of the refused stream").await;
+}
+
+#[test]
+fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
+    let parse = |line: &str| {
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        parse_args(&args)
+    };
+    let addr = |text: &str| text.to_string();
+    use tunnel::Command::{Entry, Exit, Relay};
+
+    // The forward direction, as before.
+    assert_eq!(
+        parse("entry --listen 127.0.0.1:7000 --exit 127.0.0.1:7001"),
+        Ok(Entry {
+            listen: addr("127.0.0.1:7000"),
+            exit: Via::Dial(addr("127.0.0.1:7001")),
+        })
+    );
+    assert_eq!(
+        parse("exit --listen 127.0.0.1:7001 --target 127.0.0.1:6379"),
+        Ok(Exit {
+            entry: Via::Accept(addr("127.0.0.1:7001")),
+            target: TargetArg::Fixed(addr("127.0.0.1:6379")),
+        })
+    );
+    assert_eq!(
+        parse("relay --listen 127.0.0.1:7002 --target 127.0.0.1:6379"),
+        Ok(Relay {
+            listen: addr("127.0.0.1:7002"),
+            target: addr("127.0.0.1:6379"),
+        })
+    );
+    // The reverse direction, with options in any order, and SOCKS5.
+    assert_eq!(
+        parse("entry --accept-exit 0.0.0.0:7001 --listen 127.0.0.1:1080"),
+        Ok(Entry {
+            listen: addr("127.0.0.1:1080"),
+            exit: Via::Accept(addr("0.0.0.0:7001")),
+        })
+    );
+    assert_eq!(
+        parse("exit --socks --entry relay.example:7001"),
+        Ok(Exit {
+            entry: Via::Dial(addr("relay.example:7001")),
+            target: TargetArg::Socks,
+        })
+    );
+
+    for (line, problem) in [
+        ("", "say which end"),
+        ("middle --listen a", "unknown mode"),
+        (
+            "entry --listen a",
+            "--exit ADDR to dial it, or --accept-exit",
+        ),
+        ("entry --listen a --exit b --accept-exit c", "not both"),
+        ("entry --exit b", "--listen ADDR is required"),
+        ("entry --listen a --listen b --exit c", "given twice"),
+        ("entry --listen a --exit", "needs an address"),
+        ("entry --listen a --exit b --socks", "unknown option"),
+        ("exit --target a", "say how to reach the entry"),
+        ("exit --listen a --entry b --socks", "not both"),
+        ("exit --listen a", "--target ADDR or --socks is required"),
+        ("exit --listen a --target b --socks", "not both"),
+        ("relay --listen a --entry b", "unknown option"),
+    ] {
+        match parse(line) {
+            Err(error) => assert!(error.contains(problem), "{line:?}: {error}"),
+            Ok(command) => panic!("{line:?} parsed as {command:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,9 +421,8 @@ async fn redis_through_the_tunnel() {
     );
 
     let redis = Redis::start().await;
-    let tunnel = Tunnel::start(redis.addr).await;
+    let tunnel = Tunnel::start(Direction::Forward, Destination::Fixed(redis.addr)).await;
     let port = tunnel.entry.port().to_string();
-
     // A short benchmark: 2000 requests from 10 connections for each of SET and GET.
     let benchmark = run_tool(
         "redis-benchmark",
@@ -272,139 +469,15 @@ async fn redis_through_the_tunnel() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The tunnel under test
-// ---------------------------------------------------------------------------------------------
-
-/// An entry and an exit in this process, joined by a cuttable [`Link`].
-struct Tunnel {
-    /// Where clients connect.
-    entry: SocketAddr,
-    link: Link,
-    _tasks: [Task; 2],
-}
-
-impl Tunnel {
-    async fn start(target: SocketAddr) -> Tunnel {
-        init_logs();
-        let exit = TcpListener::bind("127.0.0.1:0").await.expect("bind exit");
-        let exit_addr = exit.local_addr().expect("exit address");
-        let link = Link::spawn(exit_addr).await;
-        let entry = TcpListener::bind("127.0.0.1:0").await.expect("bind entry");
-        let entry_addr = entry.local_addr().expect("entry address");
-        Tunnel {
-            entry: entry_addr,
-            _tasks: [
-                Task::spawn(run_exit(exit, target)),
-                Task::spawn(run_entry(entry, link.addr, fast_redial())),
-            ],
-            link,
-        }
-    }
-}
-
-/// A tunnel in front of a new echo target. Keep the target: dropping it closes its listener.
-async fn echo_tunnel() -> (Target, Tunnel) {
-    let target = Target::spawn(echo).await;
-    let tunnel = Tunnel::start(target.addr).await;
-    (target, tunnel)
-}
-
-/// Entry settings that re-dial quickly, so the tests do not wait on backoff.
-fn fast_redial() -> EntryOptions {
-    EntryOptions {
-        backoff_initial: Duration::from_millis(20),
-        backoff_max: Duration::from_millis(200),
-        ..EntryOptions::default()
-    }
-}
-
-/// Logs of the tunnel in the test output, filtered by `RUST_LOG` (warnings by default).
-fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // Another test of this binary may have installed it already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
-}
-
-/// A TCP relay between the entry and the exit that counts the connections it carries and can
-/// cut them all, as a failing network would.
-struct Link {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    live: Arc<Mutex<Vec<AbortHandle>>>,
-    _task: Task,
-}
-
-impl Link {
-    async fn spawn(exit: SocketAddr) -> Link {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind link");
-        let addr = listener.local_addr().expect("link address");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let live = Arc::new(Mutex::new(Vec::new()));
-        let task = {
-            let (accepted, live) = (Arc::clone(&accepted), Arc::clone(&live));
-            Task::spawn(async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    accepted.fetch_add(1, Ordering::SeqCst);
-                    let relay = tokio::spawn(async move {
-                        let mut outbound = TcpStream::connect(exit).await?;
-                        inbound.set_nodelay(true)?;
-                        outbound.set_nodelay(true)?;
-                        tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await
-                    });
-                    live.lock()
-                        .expect("not poisoned")
-                        .push(relay.abort_handle());
-                }
-            })
-        };
-        Link {
-            addr,
-            accepted,
-            live,
-            _task: task,
-        }
-    }
-
-    /// Checks how many connections the entry has made through the link so far.
-    #[track_caller]
-    fn assert_connections(&self, expected: usize, why: &str) {
-        assert_eq!(self.accepted.load(Ordering::SeqCst), expected, "{why}");
-    }
-
-    /// Drops every connection the link carries: both of its sockets close at once.
-    fn cut(&self) {
-        for relay in self.live.lock().expect("not poisoned").drain(..) {
-            relay.abort();
-        }
-    }
-}
-
-/// A spawned task that is aborted when this handle is dropped, so each test stops what it
-/// started.
-struct Task(JoinHandle<()>);
-
-impl Task {
-    fn spawn<F>(future: F) -> Task
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        Task(tokio::spawn(future))
-    }
-}
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Targets and clients
 // ---------------------------------------------------------------------------------------------
+
+/// A tunnel in front of a new echo target. Keep the target: dropping it closes its listener.
+async fn echo_tunnel(direction: Direction) -> (Target, Tunnel) {
+    let target = Target::spawn(echo).await;
+    let tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
+    (target, tunnel)
+}
 
 /// A TCP service on a loopback port that serves each connection with a function of ours.
 struct Target {
@@ -446,6 +519,28 @@ async fn echo(mut socket: TcpStream) -> io::Result<()> {
     let (mut reader, mut writer) = socket.split();
     tokio::io::copy(&mut reader, &mut writer).await?;
     writer.shutdown().await
+}
+
+/// Sends `name` and a newline, then echoes: a target that says which one it is.
+async fn says(mut socket: TcpStream, name: &'static str) -> io::Result<()> {
+    socket.write_all(format!("{name}\n").as_bytes()).await?;
+    echo(socket).await
+}
+
+/// Reads the name a target that [`says`] it sends.
+async fn hear(socket: &mut TcpStream) -> String {
+    let mut name = Vec::new();
+    within("the target's name", async {
+        loop {
+            let byte = socket.read_u8().await.expect("read the name");
+            if byte == b'\n' {
+                break;
+            }
+            name.push(byte);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&name).into_owned()
 }
 
 /// A client connection to the entry.

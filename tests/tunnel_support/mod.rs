@@ -1,0 +1,169 @@
+//! The tunnel of `examples/tunnel.rs` under test, shared by `tests/tunnel.rs` and
+//! `tests/socks.rs`: an entry and an exit in this process on ephemeral loopback ports, in
+//! either direction, joined by a [`Link`] the tests can cut.
+
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+
+use crate::tunnel::{run_entry, run_exit, Destination, EntryOptions, Peer, Redial};
+
+/// Which end dials the gomux connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// The entry dials the exit (`entry --exit`, `exit --listen`).
+    Forward,
+    /// The exit dials the entry (`exit --entry`, `entry --accept-exit`).
+    Reverse,
+}
+
+/// An entry and an exit in this process, joined by a cuttable [`Link`].
+pub struct Tunnel {
+    /// Where clients connect.
+    pub entry: SocketAddr,
+    /// Between the dialling end and the listening one.
+    pub link: Link,
+    _tasks: [Task; 2],
+}
+
+impl Tunnel {
+    pub async fn start(direction: Direction, destination: Destination) -> Tunnel {
+        init_logs();
+        let clients = bind().await;
+        let entry = clients.local_addr().expect("entry address");
+        // The end that listens for the gomux connection, and the link in front of it.
+        let listening = bind().await;
+        let link = Link::spawn(listening.local_addr().expect("address")).await;
+        let (entry_peer, exit_peer) = match direction {
+            Direction::Forward => (Peer::Dial(link.addr), Peer::Accept(listening)),
+            Direction::Reverse => (Peer::Accept(listening), Peer::Dial(link.addr)),
+        };
+        Tunnel {
+            entry,
+            _tasks: [
+                Task::spawn(run_exit(exit_peer, destination, fast_redial())),
+                Task::spawn(run_entry(clients, entry_peer, entry_options())),
+            ],
+            link,
+        }
+    }
+}
+
+/// A loopback listener on an ephemeral port.
+pub async fn bind() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.expect("bind")
+}
+
+/// Dialling settings that re-dial quickly, so the tests do not wait on backoff.
+pub fn fast_redial() -> Redial {
+    Redial {
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        ..Redial::default()
+    }
+}
+
+/// Entry settings with [`fast_redial`].
+pub fn entry_options() -> EntryOptions {
+    EntryOptions {
+        redial: fast_redial(),
+        ..EntryOptions::default()
+    }
+}
+
+/// Logs of the tunnel in the test output, filtered by `RUST_LOG` (warnings by default).
+pub fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Another test of this binary may have installed it already.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// A TCP relay between the dialling end and the listening one that counts the connections it
+/// carries and can cut them all, as a failing network would.
+pub struct Link {
+    pub addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    live: Arc<Mutex<Vec<AbortHandle>>>,
+    _task: Task,
+}
+
+impl Link {
+    pub async fn spawn(to: SocketAddr) -> Link {
+        let listener = bind().await;
+        let addr = listener.local_addr().expect("link address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let live = Arc::new(Mutex::new(Vec::new()));
+        let task = {
+            let (accepted, live) = (Arc::clone(&accepted), Arc::clone(&live));
+            Task::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    let relay = tokio::spawn(async move {
+                        let mut outbound = TcpStream::connect(to).await?;
+                        inbound.set_nodelay(true)?;
+                        outbound.set_nodelay(true)?;
+                        tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await
+                    });
+                    live.lock()
+                        .expect("not poisoned")
+                        .push(relay.abort_handle());
+                }
+            })
+        };
+        Link {
+            addr,
+            accepted,
+            live,
+            _task: task,
+        }
+    }
+
+    /// How many connections the dialling end has made through the link so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Checks how many connections the dialling end has made through the link so far.
+    #[track_caller]
+    pub fn assert_connections(&self, expected: usize, why: &str) {
+        assert_eq!(self.connections(), expected, "{why}");
+    }
+
+    /// Drops every connection the link carries: both of its sockets close at once.
+    pub fn cut(&self) {
+        for relay in self.live.lock().expect("not poisoned").drain(..) {
+            relay.abort();
+        }
+    }
+}
+
+/// A spawned task that is aborted when this handle is dropped, so each test stops what it
+/// started.
+pub struct Task(pub JoinHandle<()>);
+
+impl Task {
+    pub fn spawn<F>(future: F) -> Task
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        Task(tokio::spawn(future))
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
