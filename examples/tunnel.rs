@@ -89,6 +89,7 @@ use std::time::{Duration, Instant};
 use fast_socks5::server::Socks5ServerProtocol;
 use fast_socks5::util::target_addr::TargetAddr;
 use fast_socks5::{ReplyError, Socks5Command};
+use gomux::stream::Stopped;
 use gomux::{Config, Error, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -996,10 +997,8 @@ where
 /// for an answer may never do. As an error, it ends the relay at once and closes the TCP
 /// connection.
 ///
-/// Whether the other end still reads is asked with a write of no bytes, which fails on a gomux
-/// stream whose peer has stopped reading (the same error a real write would get, and nothing
-/// is sent). If a write of no bytes ever succeeded regardless, the end of data would simply
-/// pass on as a half-close, as before.
+/// The session tells how the other end stopped ([`Stream::peer_stopped`]); a refusal (the
+/// other end's accept backlog was full) is logged, since retrying later may work.
 struct EndsWhenPeerCloses(Stream);
 
 impl AsyncRead for EndsWhenPeerCloses {
@@ -1013,17 +1012,22 @@ impl AsyncRead for EndsWhenPeerCloses {
         ready!(Pin::new(&mut *stream).poll_read(cx, buf))?;
         let end_of_data = buf.filled().len() == before && buf.remaining() > 0;
         if end_of_data {
-            if let Poll::Ready(Err(error)) = Pin::new(&mut *stream).poll_write(cx, &[]) {
-                let peer_stopped_reading = error
-                    .get_ref()
-                    .and_then(|inner| inner.downcast_ref::<Error>())
-                    .is_some_and(|inner| matches!(inner, Error::PeerReadClosed));
-                if peer_stopped_reading {
+            match stream.peer_stopped() {
+                Some(Stopped::Refused) => {
+                    warn!("the other end refused the stream (its accept backlog is full)");
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        "the other end refused the stream",
+                    )));
+                }
+                // Closed, or done sending and no longer reading: nothing more can go either way.
+                Some(_) => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionReset,
                         "the other end closed the stream",
                     )));
                 }
+                None => {}
             }
         }
         Poll::Ready(Ok(()))
