@@ -60,18 +60,40 @@
 //! - A target that refuses a connection gets that one stream closed, and its client is closed
 //!   with it (in SOCKS5 mode, after the SOCKS5 error reply). The gomux connection and every
 //!   other client carry on.
-//! - The same goes for a stream that the other end refuses because too many streams already
-//!   wait there to be accepted: its client is closed, nothing else.
+//! - The same goes for a stream that the other end refuses, because too many streams already
+//!   wait there to be accepted or because it is shutting down: its client is closed, nothing
+//!   else.
 //! - When the gomux connection itself dies, every client connection it carried is closed, and
 //!   the dialling end dials again, waiting longer after each failed attempt (exponential
 //!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while.
+//!
+//! # Shutting down
+//!
+//! Ctrl-C, or SIGTERM, shuts an end down gracefully, as a service manager or a deployment
+//! expects. The end takes no new work: the entry closes its listening ports (clients that
+//! connect now are refused), the exit takes no new gomux connections, and neither dials
+//! again. Each of its gomux connections is closed with `Session::graceful_close`: the other
+//! end's new streams are refused (the entry closes their clients at once), and the connections
+//! being relayed go on until they finish, their replies complete. Then the program exits. At
+//! the drain deadline (`--drain SECONDS`, 30 by default), or on a second Ctrl-C, what is still
+//! open is cut; a third Ctrl-C exits at once. The log says how many connections were being
+//! relayed, and whether they all finished or how many were cut.
+//!
+//! The other end carries on. It delivers what reached it before the connection was closed
+//! (the end of a reply for a client that reads slowly, say), then an entry whose exit shut
+//! down waits for it, or dials it again, as when a connection is lost; an exit whose entry
+//! shut down does the same.
+//!
+//! A forwarder cannot tell where a request ends: a connection finishes when its client and its
+//! target have both closed it. Clients that keep idle connections open (HTTP keep-alive,
+//! connection pools) hold the drain up until the deadline.
 //!
 //! Both ends log through `tracing`; `RUST_LOG` picks what is shown (`info` by default,
 //! `RUST_LOG=debug` adds a line for every client connection, with its session and stream ids).
 //!
 //! The entry and the exit are plain async functions, [`run_entry`] and [`run_exit`], that take
-//! already bound listeners (and the addresses to dial), so a test can run both in one process
-//! on ephemeral ports.
+//! already bound listeners (and the addresses to dial) and a [`Shutdown`] that `main` fires on
+//! a signal, so a test can run both in one process on ephemeral ports, and shut either down.
 //!
 //! For comparison, `tunnel relay --listen ADDR --target ADDR` forwards TCP connections one to
 //! one, without gomux: two relays in a row make the same two hops as an entry and an exit, so
@@ -79,10 +101,13 @@
 //! costs (`scripts/redis-tunnel.sh` measures both).
 
 use std::error::Error as StdError;
+use std::future::Future;
 use std::io::{self, IsTerminal};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -99,9 +124,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
 const USAGE: &str = "\
-usage: tunnel entry --listen ADDR (--exit ADDR | --accept-exit ADDR)
-       tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks)
-       tunnel relay --listen ADDR --target ADDR
+usage: tunnel entry --listen ADDR (--exit ADDR | --accept-exit ADDR) [--drain SECONDS]
+       tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks) [--drain SECONDS]
+       tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
 
 The entry accepts TCP clients and carries each one as a gomux stream over a single
 connection to the exit; the exit connects each stream onwards.
@@ -119,8 +144,15 @@ exit   --listen ADDR       accept gomux connections from entries on ADDR
 relay  --listen ADDR --target ADDR
                            forward each TCP connection on ADDR to its own connection to
                            ADDR, without gomux (a baseline for measurements)
+all    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
+                           being relayed this long to finish (default 30), then cut them; a
+                           second Ctrl-C cuts them at once, a third exits at once
 
 RUST_LOG sets the log filter (default: info).";
+
+/// How long the connections being relayed get to finish once a shutdown begins, unless
+/// `--drain` says otherwise.
+const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 
 /// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
 /// largest gomux frame: big enough that bulk transfers go in large frames, small enough that a
@@ -143,9 +175,23 @@ const SOCKS_REPLY_MAX: usize = 4 + 16 + 2;
 /// retrying at once would spin until one is freed.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
+/// How long a relay whose gomux connection has ended still delivers what its stream holds:
+/// when the other end drained and closed the connection, the end of a reply may still wait
+/// here for a client that reads it slowly. At most a receive window's worth, which a client
+/// that reads at all takes in far less; one that does not is cut after this.
+const DELIVERY_GRACE: Duration = Duration::from_secs(10);
+
 // ---------------------------------------------------------------------------------------------
 // The command line
 // ---------------------------------------------------------------------------------------------
+
+/// The command line: which end to run, and how long its shutdown may take.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Args {
+    pub command: Command,
+    /// How long the connections being relayed get to finish once a shutdown begins.
+    pub drain: Duration,
+}
 
 /// What the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -195,26 +241,98 @@ async fn main() {
         return;
     }
     // Check the whole command line before starting anything.
-    let command = parse_args(&args).unwrap_or_else(|problem| {
+    let Args { command, drain } = parse_args(&args).unwrap_or_else(|problem| {
         eprintln!("tunnel: {problem}\n\n{USAGE}");
         process::exit(2)
     });
 
-    // Run until the work fails or the user presses Ctrl-C.
-    tokio::select! {
-        outcome = run(command) => {
-            if let Err(error) = outcome {
-                eprintln!("tunnel: {error}");
-                process::exit(1);
-            }
-        }
-        _ = tokio::signal::ctrl_c() => info!("interrupted, exiting"),
+    // Take over the signals before anything starts, so that none arrives while their default
+    // action (ending the process on the spot) still applies.
+    let signals = Signals::new().unwrap_or_else(|error| {
+        eprintln!("tunnel: cannot handle signals: {error}");
+        process::exit(1)
+    });
+    let shutdown = Shutdown::new(drain);
+    tokio::spawn(shut_down_on_signals(signals, shutdown.clone()));
+
+    // Runs until the work fails, or a signal has shut it down.
+    if let Err(error) = run(command, shutdown).await {
+        eprintln!("tunnel: {error}");
+        process::exit(1);
     }
 }
 
-/// Binds the listening addresses, resolves the others once, and runs the chosen end.
-async fn run(command: Command) -> Result<(), Box<dyn StdError>> {
-    match command {
+/// Turns signals into the steps of a shutdown: the first begins it, the second cuts what is
+/// left, the third exits at once (should closing the gomux connections hang).
+async fn shut_down_on_signals(mut signals: Signals, shutdown: Shutdown) {
+    let signal = signals.next().await;
+    info!(
+        signal,
+        drain = ?shutdown.drain,
+        "shutting down; send it again to cut the connections still open"
+    );
+    shutdown.begin.cancel();
+    let signal = signals.next().await;
+    warn!(signal, "cutting the connections still open");
+    shutdown.cut.cancel();
+    let signal = signals.next().await;
+    warn!(signal, "exiting at once");
+    process::exit(130);
+}
+
+/// The signals that shut the tunnel down: SIGINT (Ctrl-C) and SIGTERM (what service managers
+/// and container runtimes send) on Unix, Ctrl-C elsewhere.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from now on these signals no longer end the process by
+    /// themselves.
+    fn new() -> io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
+        }
+    }
+
+    /// Waits for the next signal, and names it.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                Some(()) = self.interrupt.recv() => "SIGINT",
+                Some(()) = self.terminate.recv() => "SIGTERM",
+                // Neither can deliver any more (the runtime is shutting down).
+                else => std::future::pending().await,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => "Ctrl-C",
+                // Without a handler no signal can come: wait for ever rather than shut down.
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+}
+
+/// Binds the listening addresses, resolves the others once, and runs the chosen end until it
+/// has shut down.
+async fn run(command: Command, shutdown: Shutdown) -> Result<ShutdownReport, Box<dyn StdError>> {
+    Ok(match command {
         Command::Entry { listen, exit } => {
             let clients = bind(&listen).await?;
             let listen = clients.local_addr()?;
@@ -230,7 +348,7 @@ async fn run(command: Command) -> Result<(), Box<dyn StdError>> {
                     Peer::Accept(exits)
                 }
             };
-            run_entry(clients, exit, EntryOptions::default()).await;
+            run_entry(clients, exit, EntryOptions::default(), shutdown).await
         }
         Command::Exit { entry, target } => {
             let destination = match target {
@@ -249,16 +367,15 @@ async fn run(command: Command) -> Result<(), Box<dyn StdError>> {
                     Peer::Dial(entry)
                 }
             };
-            run_exit(entry, destination, Redial::default()).await;
+            run_exit(entry, destination, Redial::default(), shutdown).await
         }
         Command::Relay { listen, target } => {
             let listener = bind(&listen).await?;
             let target = resolve(&target).await?;
             info!(listen = %listener.local_addr()?, %target, "relay listening");
-            run_relay(listener, target).await;
+            run_relay(listener, target, shutdown).await
         }
-    }
-    Ok(())
+    })
 }
 
 async fn bind(addr: &str) -> Result<TcpListener, String> {
@@ -278,18 +395,18 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 }
 
 /// Parses the arguments after the program name.
-pub fn parse_args(args: &[String]) -> Result<Command, String> {
+pub fn parse_args(args: &[String]) -> Result<Args, String> {
     let Some((mode, options)) = args.split_first() else {
         return Err("say which end to run: entry, exit or relay".into());
     };
     let known: &[&str] = match mode.as_str() {
-        "entry" => &["--listen", "--exit", "--accept-exit"],
-        "exit" => &["--listen", "--entry", "--target", "--socks"],
-        "relay" => &["--listen", "--target"],
+        "entry" => &["--listen", "--exit", "--accept-exit", "--drain"],
+        "exit" => &["--listen", "--entry", "--target", "--socks", "--drain"],
+        "relay" => &["--listen", "--target", "--drain"],
         unknown => return Err(format!("unknown mode {unknown:?}: entry, exit or relay")),
     };
 
-    // Every option once at most; all but `--socks` take an address.
+    // Every option once at most; all but `--socks` take a value, an address but for `--drain`.
     let mut given: Vec<(&str, String)> = Vec::new();
     let mut options = options.iter();
     while let Some(option) = options.next() {
@@ -302,9 +419,14 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
         let value = if flag == "--socks" {
             String::new()
         } else {
+            let what = if flag == "--drain" {
+                "a number of seconds"
+            } else {
+                "an address"
+            };
             options
                 .next()
-                .ok_or_else(|| format!("{flag} needs an address"))?
+                .ok_or_else(|| format!("{flag} needs {what}"))?
                 .clone()
         };
         given.push((flag, value));
@@ -316,7 +438,15 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             .map(|at| given.swap_remove(at).1)
     };
 
-    Ok(match mode.as_str() {
+    let drain = match take("--drain") {
+        None => DEFAULT_DRAIN,
+        Some(seconds) => seconds
+            .parse::<f64>()
+            .ok()
+            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+            .ok_or_else(|| format!("--drain needs a number of seconds, not {seconds:?}"))?,
+    };
+    let command = match mode.as_str() {
         "entry" => Command::Entry {
             listen: take("--listen").ok_or("--listen ADDR is required")?,
             exit: match (take("--exit"), take("--accept-exit")) {
@@ -356,7 +486,195 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             listen: take("--listen").ok_or("--listen ADDR is required")?,
             target: take("--target").ok_or("--target ADDR is required")?,
         },
-    })
+    };
+    Ok(Args { command, drain })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shutting down
+// ---------------------------------------------------------------------------------------------
+
+/// Tells an end to shut down, in two steps (`main` takes them on a first and a second signal).
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    /// Cancelled to begin: the end takes no new clients and no new gomux connections, dials no
+    /// more, and closes its gomux connections once the connections they relay have finished.
+    pub begin: CancellationToken,
+    /// Cancelled to cut at once the connections still being relayed (after `begin`).
+    pub cut: CancellationToken,
+    /// How long the connections being relayed get to finish once the shutdown has begun; what
+    /// is left then is cut.
+    pub drain: Duration,
+}
+
+impl Shutdown {
+    pub fn new(drain: Duration) -> Shutdown {
+        Shutdown {
+            begin: CancellationToken::new(),
+            cut: CancellationToken::new(),
+            drain,
+        }
+    }
+}
+
+/// How an end's shutdown went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Client connections (at the exit: streams) being handled when the shutdown began.
+    pub connections: usize,
+    /// Those still open at the drain deadline, or when the drain was cut short, and cut.
+    pub cut: usize,
+}
+
+/// What an end has under way, so that its shutdown can say how much there is and wait for it.
+#[derive(Clone, Default)]
+struct Work {
+    /// Tasks that make gomux connections (dialling, accepting) or own one.
+    sessions: Tracker,
+    /// Tasks that each handle one client connection (at the exit: one stream).
+    relays: Tracker,
+    /// Connections being relayed when the shutdown began, as each drain found them.
+    connections: Arc<AtomicUsize>,
+    /// Connections cut by the shutdown, as each drain reports them.
+    cut: Arc<AtomicUsize>,
+}
+
+impl Work {
+    /// Waits for the work under way to finish, once the shutdown has begun and nothing new is
+    /// taken: each gomux connection drains (see [`drain`]) and is closed, cutting what is left
+    /// at the deadline or when the shutdown is cut short, and the relays end with it. Logs how
+    /// it went, and reports it.
+    async fn wind_down(&self, shutdown: &Shutdown) -> ShutdownReport {
+        self.log_start(shutdown);
+        tokio::select! {
+            () = async {
+                self.sessions.idle().await;
+                self.relays.idle().await;
+            } => {}
+            // The drains cut their relays. Relays whose session had ended before may still be
+            // delivering what their stream holds, within `DELIVERY_GRACE`: not waited for.
+            () = shutdown.cut.cancelled() => self.sessions.idle().await,
+        }
+        self.report(shutdown)
+    }
+
+    fn log_start(&self, shutdown: &Shutdown) {
+        info!(
+            drain = ?shutdown.drain,
+            "shutting down: taking no new connections, letting those being relayed finish"
+        );
+    }
+
+    fn report(&self, shutdown: &Shutdown) -> ShutdownReport {
+        let connections = self.connections.load(Ordering::Relaxed);
+        let cut = self.cut.load(Ordering::Relaxed);
+        if cut == 0 {
+            info!(connections, "shut down: every connection finished");
+        } else if shutdown.cut.is_cancelled() {
+            warn!(connections, cut, "shut down: the drain was cut short");
+        } else {
+            warn!(connections, cut, drain = ?shutdown.drain, "shut down: the drain deadline passed");
+        }
+        ShutdownReport { connections, cut }
+    }
+}
+
+/// Counts the tasks of one kind under way, and tells when none is left.
+#[derive(Clone)]
+struct Tracker(Arc<watch::Sender<usize>>);
+
+impl Default for Tracker {
+    fn default() -> Tracker {
+        Tracker(Arc::new(watch::Sender::new(0)))
+    }
+}
+
+impl Tracker {
+    /// Counts one more task until the guard is dropped. Take it before spawning the task, so
+    /// that a wait for none cannot miss a task that has not started yet.
+    fn track(&self) -> Tracked {
+        self.0.send_modify(|count| *count += 1);
+        Tracked(Arc::clone(&self.0))
+    }
+
+    fn count(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Waits until no task is counted.
+    async fn idle(&self) {
+        // The sender lives in `self`, so the wait cannot fail.
+        let _ = self.0.subscribe().wait_for(|&count| count == 0).await;
+    }
+}
+
+/// One task counted by a [`Tracker`], until dropped (with the task's future, however it ends).
+struct Tracked(Arc<watch::Sender<usize>>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.send_modify(|count| *count -= 1);
+    }
+}
+
+/// Drains one gomux connection once the shutdown has begun: the other end's new streams are
+/// refused, the streams open go on until they finish, then the connection is closed. At the
+/// drain deadline, or when the shutdown is cut short, the streams left are cut, and so are
+/// their relays, through `end`. Counts both in `work`.
+///
+/// The only one to cut the relays of a live session, and only once it has counted them: a
+/// relay cut earlier would take its stream with it, uncounted.
+async fn drain(session: &Session, shutdown: &Shutdown, work: &Work, end: &SessionEnd) {
+    if session.is_closed() {
+        return; // it ended by itself meanwhile: nothing to drain
+    }
+    let streams = session.stream_count();
+    work.connections.fetch_add(streams, Ordering::Relaxed);
+    info!(streams, "draining the connection");
+    let outcome = tokio::select! {
+        // Checked first: once the shutdown is cut short, a drain that has not finished yet
+        // has nothing left to wait for.
+        biased;
+        () = shutdown.cut.cancelled() => {
+            let streams = session.stream_count();
+            // Stops waiting for the streams, though not for the other end's answer to our
+            // CloseMux, which an end of this program sends at once (and which the session's
+            // close timeout bounds).
+            let _ = session.close().await;
+            Err(Error::GracefulCloseTimedOut { streams })
+        }
+        outcome = session.graceful_close(shutdown.drain) => outcome,
+    };
+    match outcome {
+        Ok(()) => info!("drained: the connection is closed"),
+        Err(Error::GracefulCloseTimedOut { streams }) => {
+            // Cut means cut: a relay does not go on delivering what its stream still holds.
+            end.cut.cancel();
+            work.cut.fetch_add(streams, Ordering::Relaxed);
+            warn!(
+                streams,
+                "cut the streams still open, and closed the connection"
+            );
+        }
+        Err(error) => warn!(%error, "the connection failed while draining"),
+    }
+}
+
+/// How the relays of one gomux connection learn that it has ended.
+///
+/// Through tokens that one task per session cancels, rather than each relay waiting on
+/// [`Session::closed`]: a token forgets a waiter as soon as it stops waiting, so a session that
+/// carries millions of short connections keeps nothing of them.
+#[derive(Clone, Default)]
+pub struct SessionEnd {
+    /// Cancelled once the session has ended. A relay then stops reading its TCP side (nothing
+    /// can be sent on the stream any more), and delivers what its stream still holds: all the
+    /// rest, when the other end finished sending before it closed the connection. Within
+    /// [`DELIVERY_GRACE`], then it is cut.
+    pub ended: CancellationToken,
+    /// Cancelled to cut the relays at once: the drain deadline passed, or the shutdown was cut
+    /// short.
+    pub cut: CancellationToken,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -482,30 +800,55 @@ impl Default for EntryOptions {
 struct Link {
     number: u64,
     session: Session,
-    /// Cancelled once the session has ended.
-    ended: CancellationToken,
+    /// Tells the clients it carries that it has ended.
+    end: SessionEnd,
 }
 
 /// Runs the entry: accepts clients on `clients` and carries each one as a stream over a single
 /// gomux connection to the exit, which the entry dials (and dials again whenever it is lost),
 /// or which the exit dials in (`Peer::Accept`; the latest connection carries new clients).
 ///
-/// Runs until the future is dropped (or its task aborted); that also stops the dialling, or
-/// the accepting of exits. Client connections already being forwarded run in their own tasks
+/// Runs until `shutdown` begins, then closes its listeners, dials no more, lets the clients
+/// being relayed finish and closes its gomux connections (see [`Shutdown`]), and returns how
+/// that went. Dropping the future (or aborting its task) stops the dialling, or the accepting
+/// of exits, at once; client connections already being forwarded then run in their own tasks
 /// and finish on their own.
-pub async fn run_entry(clients: TcpListener, exit: Peer, options: EntryOptions) {
+pub async fn run_entry(
+    clients: TcpListener,
+    exit: Peer,
+    options: EntryOptions,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let work = Work::default();
     // The current connection is published through a watch channel: `None` while there is
     // none. Every client task reads the latest value; only the tasks that make the connections
     // write it.
     let (publish, links) = watch::channel(None);
+    let connecting = work.sessions.track();
     let _connections = AbortOnDrop(match exit {
-        Peer::Dial(addr) => tokio::spawn(dial_exit(addr, options.redial.clone(), publish)),
-        Peer::Accept(listener) => tokio::spawn(accept_exits(listener, publish)),
+        Peer::Dial(addr) => {
+            let dial = dial_exit(
+                addr,
+                options.redial.clone(),
+                publish,
+                shutdown.clone(),
+                work.clone(),
+            );
+            tokio::spawn(tracked(connecting, dial))
+        }
+        Peer::Accept(listener) => {
+            let accept = accept_exits(listener, publish, shutdown.clone(), work.clone());
+            tokio::spawn(tracked(connecting, accept))
+        }
     });
 
     let mut count = 0u64;
     loop {
-        let (socket, peer) = accept(&clients).await;
+        let (socket, peer) = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => break,
+            accepted = accept(&clients) => accepted,
+        };
         count += 1;
 
         // Every log line about this client carries its number and address; the session and
@@ -518,20 +861,46 @@ pub async fn run_entry(clients: TcpListener, exit: Peer, options: EntryOptions) 
             stream = tracing::field::Empty,
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
-        tokio::spawn(serve_client(socket, links.clone(), options.client_wait).instrument(span));
+        let client = serve_client(socket, links.clone(), options.client_wait, shutdown.clone());
+        tokio::spawn(tracked(work.relays.track(), client).instrument(span));
     }
+    // Clients that connect from now on are refused.
+    drop(clients);
+    work.wind_down(&shutdown).await
 }
 
 /// Keeps a gomux connection to the exit up, publishing each new one, for as long as anyone
-/// listens.
-async fn dial_exit(exit: SocketAddr, redial: Redial, publish: watch::Sender<Option<Link>>) {
+/// listens, or until the shutdown begins.
+async fn dial_exit(
+    exit: SocketAddr,
+    redial: Redial,
+    publish: watch::Sender<Option<Link>>,
+    shutdown: Shutdown,
+    work: Work,
+) {
     let mut dialler = Dialler::new(exit, redial, "exit");
     loop {
-        let session = dialler.connect().await;
+        let session = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => return,
+            session = dialler.connect() => session,
+        };
         let span = info_span!("session", session = dialler.number);
         span.in_scope(|| info!(%exit, "connected to the exit"));
-        let reason = carry_clients(dialler.number, session, &publish).await;
-        span.in_scope(|| warn!(%reason, "connection to the exit lost"));
+        let reason = carry_clients(dialler.number, session, &publish, &shutdown, &work)
+            .instrument(span.clone())
+            .await;
+        if shutdown.begin.is_cancelled() {
+            return; // shutting down: no new connection (the drain has logged how it went)
+        }
+        span.in_scope(|| {
+            // A CloseMux: the exit was shut down (or restarted) on purpose.
+            if reason.is_graceful() {
+                info!(%reason, "connection to the exit closed by the exit");
+            } else {
+                warn!(%reason, "connection to the exit lost");
+            }
+        });
         if publish.is_closed() {
             return; // no client can be served any more: the entry has stopped
         }
@@ -539,42 +908,72 @@ async fn dial_exit(exit: SocketAddr, redial: Redial, publish: watch::Sender<Opti
 }
 
 /// Accepts gomux connections from exits, each of which carries the clients that arrive while
-/// it is the latest.
-async fn accept_exits(listener: TcpListener, publish: watch::Sender<Option<Link>>) {
+/// it is the latest, until the shutdown begins.
+async fn accept_exits(
+    listener: TcpListener,
+    publish: watch::Sender<Option<Link>>,
+    shutdown: Shutdown,
+    work: Work,
+) {
     let mut count = 0u64;
     loop {
-        let (socket, peer) = accept(&listener).await;
+        let (socket, peer) = tokio::select! {
+            biased;
+            // Returning closes the listener: exits that dial in from now on are refused.
+            () = shutdown.begin.cancelled() => return,
+            accepted = accept(&listener) => accepted,
+        };
         count += 1;
         let number = count;
-        let publish = publish.clone();
-        let connection = async move {
-            info!("exit connected");
-            let session = Session::with_config(socket, Role::Server, mux_config());
-            let reason = carry_clients(number, session, &publish).await;
-            warn!(%reason, "exit disconnected");
+        let connection = {
+            let (publish, shutdown, work) = (publish.clone(), shutdown.clone(), work.clone());
+            async move {
+                info!("exit connected");
+                let session = Session::with_config(socket, Role::Server, mux_config());
+                let reason = carry_clients(number, session, &publish, &shutdown, &work).await;
+                // When shutting down, the drain has logged how it went.
+                if !shutdown.begin.is_cancelled() {
+                    if reason.is_graceful() {
+                        info!(%reason, "exit disconnected"); // it was shut down on purpose
+                    } else {
+                        warn!(%reason, "exit disconnected");
+                    }
+                }
+            }
         };
         // A task per connection: each one waits for its session's end.
-        tokio::spawn(connection.instrument(info_span!("session", session = number, %peer)));
+        let span = info_span!("session", session = number, %peer);
+        tokio::spawn(tracked(work.sessions.track(), connection).instrument(span));
     }
 }
 
-/// Makes `session` the one that carries new clients, until it ends (and returns why).
+/// Makes `session` the one that carries new clients, until it ends (and returns why). Once the
+/// shutdown begins, drains it.
 async fn carry_clients(
     number: u64,
     session: Session,
     publish: &watch::Sender<Option<Link>>,
+    shutdown: &Shutdown,
+    work: &Work,
 ) -> Error {
-    let ended = CancellationToken::new();
+    let end = SessionEnd::default();
     publish.send_replace(Some(Link {
         number,
         session: session.clone(),
-        ended: ended.clone(),
+        end: end.clone(),
     }));
 
-    // Nothing to do until the connection dies. Then every client it carried is told, through
-    // the token, and closes.
-    let reason = session.closed().await;
-    ended.cancel();
+    // Nothing to do until the connection dies, or the shutdown begins. Then every client it
+    // carried is told (after a drain, none is left).
+    let reason = tokio::select! {
+        biased;
+        reason = session.closed() => reason,
+        () = shutdown.begin.cancelled() => {
+            drain(&session, shutdown, work, &end).await;
+            session.closed().await
+        }
+    };
+    end.ended.cancel();
     // Withdraw it, unless a newer connection has taken its place meanwhile (an exit that
     // dialled in again before its old connection was found dead).
     publish.send_if_modified(|current| {
@@ -588,22 +987,35 @@ async fn carry_clients(
 }
 
 /// Forwards one client connection through the current gomux connection.
-async fn serve_client(client: TcpStream, mut links: watch::Receiver<Option<Link>>, wait: Duration) {
+async fn serve_client(
+    client: TcpStream,
+    mut links: watch::Receiver<Option<Link>>,
+    wait: Duration,
+    shutdown: Shutdown,
+) {
     let deadline = tokio::time::Instant::now() + wait;
 
     // Find a connection to the exit and open a stream on it. A connection can die between
     // being published and our open, so a failed open waits for a newer one, until the
-    // deadline.
+    // deadline. A client that has no stream yet when the shutdown begins is turned away: it
+    // is not being relayed, and a draining connection opens no stream.
     let mut failed = 0;
     let (link, stream) = loop {
         let newer = links.wait_for(|link| link.as_ref().is_some_and(|l| l.number > failed));
-        let link = match tokio::time::timeout_at(deadline, newer).await {
-            Ok(Ok(link)) => link.clone(),
-            Ok(Err(_)) => return, // nothing publishes connections any more: the entry stopped
-            Err(_) => {
-                warn!(?wait, "no connection to the exit; turning the client away");
+        let link = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => {
+                debug!("shutting down; turning the client away");
                 return;
             }
+            newer = tokio::time::timeout_at(deadline, newer) => match newer {
+                Ok(Ok(link)) => link.clone(),
+                Ok(Err(_)) => return, // nothing publishes connections any more: the entry stopped
+                Err(_) => {
+                    warn!(?wait, "no connection to the exit; turning the client away");
+                    return;
+                }
+            },
         };
         let Some(link) = link else { continue };
         match link.session.open().await {
@@ -621,9 +1033,16 @@ async fn serve_client(client: TcpStream, mut links: watch::Receiver<Option<Link>
     span.record("session", link.number);
     span.record("stream", stream.id());
     debug!("forwarding");
-    // A stream the exit refuses (its accept backlog is full) is closed by it at once: `carry`
-    // then closes the client too.
-    carry(client, stream, &link.ended).await;
+    // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
+    // by it at once: `carry` then closes the client too.
+    carry(client, stream, &link.end).await;
+}
+
+/// Runs `future`, counted by `guard` until it finishes or is dropped. The guard is taken by
+/// the caller, before the future is spawned.
+async fn tracked<F: Future>(guard: Tracked, future: F) -> F::Output {
+    let _guard = guard;
+    future.await
 }
 
 /// Calls [`JoinHandle::abort`] when dropped, so a spawned helper task ends with its owner.
@@ -662,70 +1081,147 @@ impl std::fmt::Display for Destination {
 /// with `Peer::Dial` it dials the entry, and dials again (as `redial` says) whenever the
 /// connection is lost.
 ///
-/// Runs until the future is dropped (or its task aborted). Sessions already accepted run in
-/// their own tasks and finish on their own.
-pub async fn run_exit(entry: Peer, destination: Destination, redial: Redial) {
-    match entry {
+/// Runs until `shutdown` begins, then takes no new gomux connection and dials no more, lets
+/// the streams being served finish (refusing new ones) and closes its gomux connections (see
+/// [`Shutdown`]), and returns how that went. Dropping the future (or aborting its task) stops
+/// the accepting, or the dialling, at once; sessions already accepted then run in their own
+/// tasks and finish on their own.
+pub async fn run_exit(
+    entry: Peer,
+    destination: Destination,
+    redial: Redial,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let work = Work::default();
+    let connecting = work.sessions.track();
+    let _connections = AbortOnDrop(match entry {
         Peer::Accept(listener) => {
-            let mut sessions = 0u64;
-            loop {
-                let (socket, peer) = accept(&listener).await;
-                sessions += 1;
-                let serve = async move {
-                    info!("entry connected");
-                    let session = Session::with_config(socket, Role::Server, mux_config());
-                    let (reason, streams) = serve_streams(session, destination).await;
-                    info!(%reason, streams, "entry disconnected");
-                };
-                tokio::spawn(serve.instrument(info_span!("session", session = sessions, %peer)));
-            }
+            let accept = accept_entries(listener, destination, shutdown.clone(), work.clone());
+            tokio::spawn(tracked(connecting, accept))
         }
         Peer::Dial(addr) => {
-            let mut dialler = Dialler::new(addr, redial, "entry");
-            loop {
-                let session = dialler.connect().await;
-                let span = info_span!("session", session = dialler.number);
-                span.in_scope(|| info!(entry = %addr, "connected to the entry"));
-                let (reason, streams) = serve_streams(session, destination)
-                    .instrument(span.clone())
-                    .await;
-                span.in_scope(|| warn!(%reason, streams, "connection to the entry lost"));
-            }
+            let dial = dial_entry(addr, redial, destination, shutdown.clone(), work.clone());
+            tokio::spawn(tracked(connecting, dial))
         }
+    });
+    shutdown.begin.cancelled().await;
+    work.wind_down(&shutdown).await
+}
+
+/// Accepts gomux connections from entries and serves each one's streams, until the shutdown
+/// begins.
+async fn accept_entries(
+    listener: TcpListener,
+    destination: Destination,
+    shutdown: Shutdown,
+    work: Work,
+) {
+    let mut sessions = 0u64;
+    loop {
+        let (socket, peer) = tokio::select! {
+            biased;
+            // Returning closes the listener: entries that dial in from now on are refused.
+            () = shutdown.begin.cancelled() => return,
+            accepted = accept(&listener) => accepted,
+        };
+        sessions += 1;
+        let serve = {
+            let (shutdown, work) = (shutdown.clone(), work.clone());
+            async move {
+                info!("entry connected");
+                let session = Session::with_config(socket, Role::Server, mux_config());
+                let (reason, streams) = serve_streams(session, destination, &shutdown, &work).await;
+                info!(%reason, streams, "entry disconnected");
+            }
+        };
+        let span = info_span!("session", session = sessions, %peer);
+        tokio::spawn(tracked(work.sessions.track(), serve).instrument(span));
+    }
+}
+
+/// Keeps a gomux connection to the entry up, serving its streams, until the shutdown begins.
+async fn dial_entry(
+    addr: SocketAddr,
+    redial: Redial,
+    destination: Destination,
+    shutdown: Shutdown,
+    work: Work,
+) {
+    let mut dialler = Dialler::new(addr, redial, "entry");
+    loop {
+        let session = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => return,
+            session = dialler.connect() => session,
+        };
+        let span = info_span!("session", session = dialler.number);
+        span.in_scope(|| info!(entry = %addr, "connected to the entry"));
+        let (reason, streams) = serve_streams(session, destination, &shutdown, &work)
+            .instrument(span.clone())
+            .await;
+        if shutdown.begin.is_cancelled() {
+            return; // shutting down: no new connection (the drain has logged how it went)
+        }
+        span.in_scope(|| {
+            // A CloseMux: the entry was shut down (or restarted) on purpose.
+            if reason.is_graceful() {
+                info!(%reason, streams, "connection to the entry closed by the entry");
+            } else {
+                warn!(%reason, streams, "connection to the entry lost");
+            }
+        });
     }
 }
 
 /// Connects every stream of one gomux connection to `destination`, until the connection ends;
-/// returns why it ended, and how many streams it carried.
-async fn serve_streams(session: Session, destination: Destination) -> (Error, u64) {
-    // Cancelled when the session ends, which is when `accept` fails.
-    let ended = CancellationToken::new();
+/// once the shutdown begins, drains it. Returns why it ended, and how many streams it carried.
+async fn serve_streams(
+    session: Session,
+    destination: Destination,
+    shutdown: &Shutdown,
+    work: &Work,
+) -> (Error, u64) {
+    // Told when the session ends. Not when `accept` fails: a draining session fails it at
+    // once, while its streams go on.
+    let end = SessionEnd::default();
     let mut streams = 0u64;
-    let reason = loop {
-        match session.accept().await {
-            Ok(stream) => {
-                streams += 1;
-                // The span nests in the session's, so each line names both ids.
-                let span = info_span!("stream", stream = stream.id());
-                let ended = ended.clone();
-                let forward = async move {
-                    match destination {
-                        Destination::Fixed(target) => forward(stream, ended, target).await,
-                        Destination::Socks => forward_socks(stream, ended).await,
-                    }
-                };
-                tokio::spawn(forward.instrument(span));
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => {
+                drain(&session, shutdown, work, &end).await;
+                break;
             }
-            Err(reason) => break reason,
-        }
-    };
-    ended.cancel();
+            accepted = session.accept() => accepted,
+        };
+        let Ok(stream) = accepted else {
+            break; // the session has ended
+        };
+        streams += 1;
+        // The span nests in the session's, so each line names both ids.
+        let span = info_span!("stream", stream = stream.id());
+        let end = end.clone();
+        let forward = async move {
+            match destination {
+                Destination::Fixed(target) => forward(stream, end, target).await,
+                Destination::Socks => forward_socks(stream, end).await,
+            }
+        };
+        tokio::spawn(tracked(work.relays.track(), forward).instrument(span));
+    }
+    let reason = session.closed().await;
+    end.ended.cancel();
     (reason, streams)
 }
 
 /// Connects one stream to the target and relays until both directions are done.
-async fn forward(mut stream: Stream, session_ended: CancellationToken, target: SocketAddr) {
-    let socket = match connect(target, TARGET_CONNECT_TIMEOUT).await {
+async fn forward(mut stream: Stream, end: SessionEnd, target: SocketAddr) {
+    let connected = tokio::select! {
+        connected = connect(target, TARGET_CONNECT_TIMEOUT) => connected,
+        // The session ended meanwhile (a shutdown cut it, say): nobody is left to serve.
+        () = end.ended.cancelled() => return,
+    };
+    let socket = match connected {
         Ok(socket) => socket,
         Err(error) => {
             // Close this stream only: its client is closed, the session goes on.
@@ -735,7 +1231,7 @@ async fn forward(mut stream: Stream, session_ended: CancellationToken, target: S
         }
     };
     debug!("forwarding");
-    carry(socket, stream, &session_ended).await;
+    carry(socket, stream, &end).await;
 }
 
 /// Answers the SOCKS5 request at the start of one stream, connects it to the address
@@ -746,7 +1242,7 @@ async fn forward(mut stream: Stream, session_ended: CancellationToken, target: S
 /// the stream closed. Parsing is `fast_socks5`'s: it reads fixed-size fields and lengths of one
 /// byte (at most 255 authentication methods, host names of at most 255 bytes), so a peer
 /// cannot make it read or allocate more.
-async fn forward_socks(stream: Stream, session_ended: CancellationToken) {
+async fn forward_socks(stream: Stream, end: SessionEnd) {
     let stream = WholeWrites::new(stream);
     let request = async {
         Socks5ServerProtocol::accept_no_auth(stream)
@@ -774,7 +1270,12 @@ async fn forward_socks(stream: Stream, session_ended: CancellationToken) {
         return;
     }
 
-    let socket = match connect_requested(&requested).await {
+    let connected = tokio::select! {
+        connected = connect_requested(&requested) => connected,
+        // As in `forward`.
+        () = end.ended.cancelled() => return,
+    };
+    let socket = match connected {
         Ok(socket) => socket,
         Err(error) => {
             info!(%requested, %error, "cannot reach the requested address; refusing");
@@ -799,7 +1300,7 @@ async fn forward_socks(stream: Stream, session_ended: CancellationToken) {
         }
     };
     debug!(%requested, "forwarding");
-    carry(socket, stream, &session_ended).await;
+    carry(socket, stream, &end).await;
 }
 
 /// A gomux stream whose writes are never partial, for `fast_socks5`: it sends each of its
@@ -918,22 +1419,54 @@ fn socks_reply(error: &io::Error) -> ReplyError {
 /// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
 /// `target`, and bytes are copied both ways exactly as the tunnel's ends copy them, half-closes
 /// included. No gomux: this is the baseline the tunnel is measured against.
-pub async fn run_relay(listener: TcpListener, target: SocketAddr) {
-    // Never cancelled: each relayed connection stands alone.
-    let never = CancellationToken::new();
+///
+/// Shuts down as the tunnel's ends do: once `shutdown` begins, the listener is closed and the
+/// connections being relayed finish, or are cut at the drain deadline or when the shutdown is
+/// cut short.
+pub async fn run_relay(
+    listener: TcpListener,
+    target: SocketAddr,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let work = Work::default();
+    // Cancelled to cut the connections still being relayed: each one stands alone until then.
+    let cut = CancellationToken::new();
     loop {
-        let (client, peer) = accept(&listener).await;
-        let never = never.clone();
-        tokio::spawn(
-            async move {
-                match connect(target, TARGET_CONNECT_TIMEOUT).await {
-                    Ok(socket) => bridge(client, socket, &never).await,
-                    Err(error) => warn!(%target, %error, "cannot reach the target"),
-                }
+        let (client, peer) = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => break,
+            accepted = accept(&listener) => accepted,
+        };
+        let cut = cut.clone();
+        let relay = async move {
+            let connected = tokio::select! {
+                connected = connect(target, TARGET_CONNECT_TIMEOUT) => connected,
+                () = cut.cancelled() => return,
+            };
+            match connected {
+                Ok(socket) => bridge(client, socket, cut.cancelled()).await,
+                Err(error) => warn!(%target, %error, "cannot reach the target"),
             }
-            .instrument(info_span!("relay", %peer)),
-        );
+        };
+        let span = info_span!("relay", %peer);
+        tokio::spawn(tracked(work.relays.track(), relay).instrument(span));
     }
+    drop(listener);
+
+    // Without gomux connections to drain, the deadline and the cut are applied here.
+    work.connections
+        .store(work.relays.count(), Ordering::Relaxed);
+    work.log_start(&shutdown);
+    tokio::select! {
+        () = work.relays.idle() => {}
+        () = tokio::time::sleep(shutdown.drain) => {}
+        () = shutdown.cut.cancelled() => {}
+    }
+    // Counted before they are told, so that none ends uncounted.
+    work.cut.store(work.relays.count(), Ordering::Relaxed);
+    cut.cancel();
+    work.relays.idle().await;
+    work.report(&shutdown)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -951,24 +1484,34 @@ fn mux_config() -> Config {
 }
 
 /// Relays between a TCP connection and a gomux stream until both directions are done, the
-/// other end has closed the stream both ways, or the session carrying the stream ends
-/// (`session_ended` is cancelled). See [`bridge`].
-pub async fn carry(tcp: TcpStream, stream: Stream, session_ended: &CancellationToken) {
-    bridge(tcp, EndsWhenPeerCloses(stream), session_ended).await;
+/// other end has closed the stream both ways, or the session carrying the stream ends (see
+/// [`SessionEnd`]). See [`bridge`].
+///
+/// When the session ends, the relay stops reading the TCP side, whose bytes could not be sent
+/// any more, but goes on writing what the stream still holds to it: when the other end
+/// drained and closed the connection, that is the end of a reply, which the client would
+/// otherwise lose without knowing. Within [`DELIVERY_GRACE`], unless `end.cut` comes first.
+pub async fn carry(tcp: TcpStream, stream: Stream, end: &SessionEnd) {
+    let stop = async {
+        tokio::select! {
+            () = async {
+                end.ended.cancelled().await;
+                tokio::time::sleep(DELIVERY_GRACE).await;
+            } => debug!(grace = ?DELIVERY_GRACE, "the client did not take the rest in time"),
+            () = end.cut.cancelled() => {}
+        }
+    };
+    let tcp = UntilEnded::new(tcp, end.ended.clone());
+    bridge(tcp, EndsWhenPeerCloses(stream), stop).await;
 }
 
 /// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
-/// connection) until both directions are done, or the session carrying the stream ends
-/// (`session_ended` is cancelled).
+/// connection) until both directions are done, or `stop` resolves.
 ///
 /// Half-closes travel through: when one side reads end-of-file, the other side's write half is
 /// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
 /// flowing until it ends too. Any error ends both.
-///
-/// The session's end comes as a token that one task per session cancels, rather than from each
-/// connection waiting on [`Session::closed`]: a token forgets a waiter as soon as it stops
-/// waiting, so a session that carries millions of short connections keeps nothing of them.
-async fn bridge<A, B>(mut tcp: A, mut stream: B, session_ended: &CancellationToken)
+async fn bridge<A, B>(mut tcp: A, mut stream: B, stop: impl Future<Output = ()>)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -980,12 +1523,68 @@ where
             Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
             Err(error) => debug!(%error, "ended by an error"),
         },
-        // A direction blocked reading the TCP side would not notice the session's end until
-        // that side sent something, which could be never: stop now, so the TCP connection is
-        // closed with the session.
-        () = session_ended.cancelled() => debug!("session ended"),
+        // A direction blocked reading a TCP side would not notice the end of the session, or
+        // of the relay, until that side sent something, which could be never: stop now.
+        () = stop => debug!("stopped"),
     }
     // Returning drops both: the TCP connection closes, and the stream sends its close.
+}
+
+/// The TCP side of a relay, which reads as ended once the session carrying the stream has
+/// (`ended` is cancelled): nothing it sends could go anywhere. The relay then shuts the stream
+/// down, which [`EndsWhenPeerCloses`] lets succeed, and goes on with the other direction, the
+/// rest of the stream, untouched. (Dropping the relay instead would lose what it holds.)
+struct UntilEnded<T> {
+    io: T,
+    ended: CancellationToken,
+    /// Waits for `ended`, so that a read blocked on the TCP side wakes when it is cancelled.
+    waiting: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<T> UntilEnded<T> {
+    fn new(io: T, ended: CancellationToken) -> UntilEnded<T> {
+        UntilEnded {
+            io,
+            waiting: Box::pin(ended.clone().cancelled_owned()),
+            ended,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.ended.is_cancelled() {
+            return Poll::Ready(Ok(())); // end of file
+        }
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            // Registered only while the read waits, so a busy connection does not pay for it.
+            Poll::Pending if this.waiting.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for UntilEnded<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
 }
 
 /// A gomux stream whose end of data counts as an error when the other end has also stopped
@@ -998,7 +1597,8 @@ where
 /// connection.
 ///
 /// The session tells how the other end stopped ([`Stream::peer_stopped`]); a refusal (the
-/// other end's accept backlog was full) is logged, since retrying later may work.
+/// other end is shutting down, or its accept backlog was full) is logged, since it says why
+/// the client was turned away.
 struct EndsWhenPeerCloses(Stream);
 
 impl AsyncRead for EndsWhenPeerCloses {
@@ -1014,7 +1614,10 @@ impl AsyncRead for EndsWhenPeerCloses {
         if end_of_data {
             match stream.peer_stopped() {
                 Some(Stopped::Refused) => {
-                    warn!("the other end refused the stream (its accept backlog is full)");
+                    warn!(
+                        "the other end refused the stream (it is shutting down, or its accept \
+                         backlog is full)"
+                    );
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionRefused,
                         "the other end refused the stream",
@@ -1044,11 +1647,23 @@ impl AsyncWrite for EndsWhenPeerCloses {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+        let result = ready!(Pin::new(&mut self.get_mut().0).poll_flush(cx));
+        Poll::Ready(done_if_session_ended(result))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+        let result = ready!(Pin::new(&mut self.get_mut().0).poll_shutdown(cx));
+        Poll::Ready(done_if_session_ended(result))
+    }
+}
+
+/// A flush or shutdown that failed because the session has ended counts as done: the write
+/// half is closed with the session. As an error, it would end the relay, and with it the other
+/// direction, which may still be delivering what the stream holds (see [`carry`]).
+fn done_if_session_ended(result: io::Result<()>) -> io::Result<()> {
+    match result {
+        Err(error) if Error::from_io(&error).is_some_and(Error::is_session_end) => Ok(()),
+        other => other,
     }
 }
 

@@ -6,6 +6,10 @@
 //! Between the entry and the exit sits a [`Link`], a plain TCP relay the tests can cut, to
 //! play a network failure and to count how many connections the dialling end made.
 //!
+//! Each end runs with the shutdown trigger that its signals fire in the example's `main`
+//! (Ctrl-C, SIGTERM), so the tests shut either end down as a signal would: a first to drain, a
+//! second to cut.
+//!
 //! `RUST_LOG=debug cargo test --test tunnel -- --nocapture` shows the tunnel's logs.
 
 #[allow(dead_code)] // the example's `main` is not used here
@@ -27,11 +31,15 @@ use gomux::{Config, Role, Session};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
-use tokio_util::sync::CancellationToken;
 
 use common::{assert_same, pattern, within};
-use tunnel::{carry, parse_args, run_entry, run_exit, Destination, Peer, TargetArg, Via};
-use tunnel_support::{bind, entry_options, fast_redial, init_logs, Direction, Task, Tunnel};
+use tunnel::{
+    carry, parse_args, run_entry, run_exit, run_relay, Destination, Peer, SessionEnd,
+    ShutdownReport, TargetArg, Via,
+};
+use tunnel_support::{
+    bind, entry_options, fast_redial, init_logs, Direction, End, Task, Tunnel, DRAIN,
+};
 
 // ---------------------------------------------------------------------------------------------
 // The scenarios, in both directions
@@ -67,6 +75,15 @@ in_both_directions!(
     a_client_that_goes_away_ends_only_its_own_stream,
     a_refusing_target_ends_only_that_client,
     a_lost_connection_closes_its_clients_and_the_dialling_end_dials_again,
+    shutting_down_the_entry_lets_a_relayed_connection_finish_and_turns_new_clients_away,
+    shutting_down_the_exit_lets_a_relayed_connection_finish_and_turns_new_clients_away,
+    the_entry_cuts_a_connection_that_never_ends_at_the_drain_deadline,
+    the_exit_cuts_a_connection_that_never_ends_at_the_drain_deadline,
+    a_second_signal_to_the_entry_cuts_the_drain_short,
+    a_second_signal_to_the_exit_cuts_the_drain_short,
+    a_reply_the_exit_finished_sending_reaches_a_slow_client_whole,
+    an_upload_the_entry_finished_sending_reaches_a_slow_target_whole,
+    both_ends_shutting_down_at_once_let_a_relayed_connection_finish,
 );
 
 async fn many_concurrent_clients_each_get_their_own_echo(direction: Direction) {
@@ -218,6 +235,441 @@ async fn a_lost_connection_closes_its_clients_and_the_dialling_end_dials_again(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shutting down, in both directions, either end
+// ---------------------------------------------------------------------------------------------
+
+/// The end of the tunnel a shutdown scenario shuts down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Entry,
+    Exit,
+}
+
+impl Side {
+    fn of(self, tunnel: &mut Tunnel) -> &mut End {
+        match self {
+            Side::Entry => &mut tunnel.entry_end,
+            Side::Exit => &mut tunnel.exit_end,
+        }
+    }
+
+    /// Whether this end dials the gomux connection in `direction`.
+    fn dials(self, direction: Direction) -> bool {
+        matches!(
+            (self, direction),
+            (Side::Entry, Direction::Forward) | (Side::Exit, Direction::Reverse)
+        )
+    }
+}
+
+async fn shutting_down_the_entry_lets_a_relayed_connection_finish_and_turns_new_clients_away(
+    direction: Direction,
+) {
+    a_relayed_connection_finishes_and_new_clients_are_turned_away(direction, Side::Entry).await
+}
+
+async fn shutting_down_the_exit_lets_a_relayed_connection_finish_and_turns_new_clients_away(
+    direction: Direction,
+) {
+    a_relayed_connection_finishes_and_new_clients_are_turned_away(direction, Side::Exit).await
+}
+
+async fn the_entry_cuts_a_connection_that_never_ends_at_the_drain_deadline(direction: Direction) {
+    a_connection_that_never_ends_is_cut_at_the_deadline(direction, Side::Entry).await
+}
+
+async fn the_exit_cuts_a_connection_that_never_ends_at_the_drain_deadline(direction: Direction) {
+    a_connection_that_never_ends_is_cut_at_the_deadline(direction, Side::Exit).await
+}
+
+async fn a_second_signal_to_the_entry_cuts_the_drain_short(direction: Direction) {
+    a_second_signal_cuts_the_drain_short(direction, Side::Entry).await
+}
+
+async fn a_second_signal_to_the_exit_cuts_the_drain_short(direction: Direction) {
+    a_second_signal_cuts_the_drain_short(direction, Side::Exit).await
+}
+
+/// A connection relayed when the shutdown begins gets its whole reply, although the target
+/// sends it only afterwards; clients that connect during the drain are turned away; and the
+/// end stops by itself once the connection is done, without dialling again.
+async fn a_relayed_connection_finishes_and_new_clients_are_turned_away(
+    direction: Direction,
+    side: Side,
+) {
+    let mut target = SlowTarget::spawn().await;
+    let mut tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
+
+    let mut client = connect(tunnel.entry).await;
+    client.write_all(SLOW).await.expect("write the request");
+    target.request_arrived().await;
+
+    let entry = tunnel.entry;
+    let end = side.of(&mut tunnel);
+    end.shut_down();
+
+    // The end takes a moment to see the shutdown: until it has, a new client is carried as
+    // usual (and its echo finishes at once). From then on, every new client is turned away.
+    within("a new client to be turned away", async {
+        while !turned_away(entry).await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    // Only now does the target answer: the connection is still relayed, both ways.
+    target.release();
+    let mut reply = Vec::new();
+    within("the reply", client.read_to_end(&mut reply))
+        .await
+        .expect("read the reply to its end");
+    assert_same(&reply, &slow_reply(), "the reply sent during the drain");
+    drop(client);
+
+    let report = end.stopped().await;
+    assert_eq!(report.cut, 0, "nothing cut: {report:?}");
+    assert!(
+        report.connections >= 1,
+        "the slow client counted: {report:?}"
+    );
+    if side.dials(direction) {
+        tunnel
+            .link
+            .assert_connections(1, "no dial while shutting down");
+    }
+}
+
+/// Both ends shut down at once, as when a deployment stops everything: each drains its side of
+/// the same gomux connection, the connection being relayed still finishes, and both stop.
+async fn both_ends_shutting_down_at_once_let_a_relayed_connection_finish(direction: Direction) {
+    let mut target = SlowTarget::spawn().await;
+    let mut tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
+
+    let mut client = connect(tunnel.entry).await;
+    client.write_all(SLOW).await.expect("write the request");
+    target.request_arrived().await;
+
+    tunnel.entry_end.shut_down();
+    tunnel.exit_end.shut_down();
+    target.release();
+    let mut reply = Vec::new();
+    within("the reply", client.read_to_end(&mut reply))
+        .await
+        .expect("read the reply to its end");
+    assert_same(
+        &reply,
+        &slow_reply(),
+        "the reply sent while both ends drained",
+    );
+    drop(client);
+
+    for (end, name) in [
+        (&mut tunnel.entry_end, "entry"),
+        (&mut tunnel.exit_end, "exit"),
+    ] {
+        let report = end.stopped().await;
+        assert_eq!(
+            report,
+            ShutdownReport {
+                connections: 1,
+                cut: 0
+            },
+            "{name}"
+        );
+    }
+    tunnel
+        .link
+        .assert_connections(1, "no dial while shutting down");
+}
+
+/// A connection that never ends is cut at the drain deadline, its client closed, and the end
+/// stops.
+async fn a_connection_that_never_ends_is_cut_at_the_deadline(direction: Direction, side: Side) {
+    let mut target = SlowTarget::spawn().await;
+    let drain = Duration::from_millis(100);
+    let mut tunnel =
+        Tunnel::start_with_drain(direction, Destination::Fixed(target.addr), drain).await;
+
+    let mut client = connect(tunnel.entry).await;
+    client.write_all(HOLD).await.expect("write the request");
+    target.request_arrived().await;
+
+    let end = side.of(&mut tunnel);
+    end.shut_down();
+    let report = end.stopped().await;
+    assert_eq!(
+        report,
+        ShutdownReport {
+            connections: 1,
+            cut: 1
+        }
+    );
+    assert_ended(&mut client, "the client cut at the deadline").await;
+}
+
+/// A second signal cuts what the drain still waits for, long before its deadline.
+async fn a_second_signal_cuts_the_drain_short(direction: Direction, side: Side) {
+    let mut target = SlowTarget::spawn().await;
+    // The default drain, far longer than a test step: only the cut can end it in time.
+    let mut tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
+
+    let mut client = connect(tunnel.entry).await;
+    client.write_all(HOLD).await.expect("write the request");
+    target.request_arrived().await;
+
+    let end = side.of(&mut tunnel);
+    end.shut_down();
+    end.cut();
+    let report = end.stopped().await;
+    assert_eq!(
+        report,
+        ShutdownReport {
+            connections: 1,
+            cut: 1
+        }
+    );
+    assert_ended(&mut client, "the client cut by the second signal").await;
+}
+
+/// A reply still on its way when the end that drains closes the gomux connection reaches its
+/// client whole. The exit's relay is done once the target has answered and closed and the
+/// client has half-closed; it closes the connection while the rest of the reply still waits at
+/// the entry for a client that reads slowly.
+async fn a_reply_the_exit_finished_sending_reaches_a_slow_client_whole(direction: Direction) {
+    let mut target = SlowTarget::spawn().await;
+    let mut tunnel = Tunnel::start(direction, Destination::Fixed(target.addr)).await;
+
+    let client = slow_reader(tunnel.entry).await;
+    let (mut reader, mut writer) = client.into_split();
+    writer.write_all(SLOW).await.expect("write the request");
+    writer.shutdown().await.expect("half-close");
+    target.request_arrived().await;
+
+    tunnel.exit_end.shut_down();
+    target.release();
+    let mut reply = Vec::new();
+    within("the reply", async {
+        let mut chunk = [0; 4096];
+        loop {
+            let n = reader.read(&mut chunk).await.expect("read the reply");
+            if n == 0 {
+                break;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+            // A slow client: the reply waits for it at the entry meanwhile.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert_same(
+        &reply,
+        &slow_reply(),
+        "the reply read after the exit closed",
+    );
+    assert_eq!(tunnel.exit_end.stopped().await.cut, 0);
+}
+
+/// The same the other way: an upload still on its way when the entry, draining, closes the
+/// gomux connection reaches its target whole. The entry's relay is done once the client has
+/// sent it all and half-closed and the target has half-closed; the rest of the upload still
+/// waits at the exit for a target that reads slowly.
+async fn an_upload_the_entry_finished_sending_reaches_a_slow_target_whole(direction: Direction) {
+    // A target with a small receive buffer that half-closes at once, then reads slowly.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    socket
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind");
+    let listener = socket.listen(16).expect("listen");
+    let target = listener.local_addr().expect("address");
+    let (uploaded_tx, uploaded) = tokio::sync::oneshot::channel();
+    let _target = Task::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        socket.shutdown().await.expect("half-close");
+        let mut upload = Vec::new();
+        let mut chunk = [0; 4096];
+        loop {
+            let n = socket.read(&mut chunk).await.expect("read the upload");
+            if n == 0 {
+                break;
+            }
+            upload.extend_from_slice(&chunk[..n]);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let _ = uploaded_tx.send(upload);
+    });
+    let mut tunnel = Tunnel::start(direction, Destination::Fixed(target)).await;
+
+    let mut client = connect(tunnel.entry).await;
+    let mut nothing = Vec::new();
+    within("the target's half-close", client.read_to_end(&mut nothing))
+        .await
+        .expect("read to the end");
+    tunnel.entry_end.shut_down();
+    let upload = pattern(12, 1024 * 1024);
+    let sending = async {
+        client.write_all(&upload).await.expect("upload");
+        client.shutdown().await.expect("half-close");
+    };
+    within("the upload to be sent", sending).await;
+    let got = within("the upload to reach the target", uploaded)
+        .await
+        .expect("the target read it");
+    assert_same(&got, &upload, "the upload read after the entry closed");
+    assert_eq!(tunnel.entry_end.stopped().await.cut, 0);
+}
+
+/// A client connection whose receive buffer is small, so that data sent to it waits in the
+/// tunnel rather than in the kernel while it reads slowly.
+async fn slow_reader(entry: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let stream = within("connect to the entry", socket.connect(entry))
+        .await
+        .expect("connect to the entry");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_shuts_down_the_same_way() {
+    init_logs();
+    let mut target = SlowTarget::spawn().await;
+    let listener = bind().await;
+    let addr = listener.local_addr().expect("address");
+    let mut relay = End::spawn(DRAIN, |shutdown| run_relay(listener, target.addr, shutdown));
+
+    let mut client = connect(addr).await;
+    client.write_all(SLOW).await.expect("write the request");
+    target.request_arrived().await;
+    relay.shut_down();
+    within("a new client to be turned away", async {
+        while !turned_away(addr).await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    target.release();
+    let mut reply = Vec::new();
+    within("the reply", client.read_to_end(&mut reply))
+        .await
+        .expect("read the reply to its end");
+    assert_same(&reply, &slow_reply(), "the reply sent during the drain");
+    drop(client);
+    assert_eq!(relay.stopped().await.cut, 0);
+}
+
+/// Starts a connection to [`SlowTarget`] that is answered once the test releases it.
+const SLOW: &[u8] = b"slow\n";
+/// Starts a connection to [`SlowTarget`] that is never answered, nor closed.
+const HOLD: &[u8] = b"hold\n";
+
+/// What [`SlowTarget`] answers to [`SLOW`]: large enough to take many frames, so that a reply
+/// cut short shows.
+fn slow_reply() -> Vec<u8> {
+    pattern(11, 1024 * 1024)
+}
+
+/// A target whose answer the test holds back, to have a connection being relayed when a
+/// shutdown begins. Each connection starts with a line: [`SLOW`] is answered with
+/// [`slow_reply`] once the test releases it, [`HOLD`] never; either tells the test that the
+/// request has arrived. Any other line is echoed at once (the clients that probe whether a
+/// tunnel being shut down still takes new connections), and the connection half-closed.
+struct SlowTarget {
+    addr: SocketAddr,
+    arrived: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: tokio::sync::watch::Sender<bool>,
+    _target: Target,
+}
+
+impl SlowTarget {
+    async fn spawn() -> SlowTarget {
+        let (arrived_tx, arrived) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = tokio::sync::watch::channel(false);
+        let target = Target::spawn(move |mut socket: TcpStream| {
+            let (arrived, mut released) = (arrived_tx.clone(), released.clone());
+            async move {
+                let mut line = Vec::new();
+                loop {
+                    match socket.read_u8().await? {
+                        b'\n' => break,
+                        byte => line.push(byte),
+                    }
+                }
+                line.push(b'\n');
+                if line == SLOW {
+                    let _ = arrived.send(());
+                    let _ = released.wait_for(|&released| released).await;
+                    socket.write_all(&slow_reply()).await?;
+                    socket.shutdown().await?;
+                } else if line == HOLD {
+                    let _ = arrived.send(());
+                } else {
+                    socket.write_all(&line).await?;
+                    socket.shutdown().await?;
+                }
+                // Until the client closes, or the tunnel cuts the connection.
+                let mut rest = Vec::new();
+                socket.read_to_end(&mut rest).await?;
+                Ok(())
+            }
+        })
+        .await;
+        SlowTarget {
+            addr: target.addr,
+            arrived,
+            release,
+            _target: target,
+        }
+    }
+
+    /// Waits until a [`SLOW`] or [`HOLD`] request has reached the target: its connection is
+    /// then relayed by both ends.
+    async fn request_arrived(&mut self) {
+        within("the request to reach the target", self.arrived.recv())
+            .await
+            .expect("the target is running");
+    }
+
+    /// Lets the target answer the [`SLOW`] requests.
+    fn release(&self) {
+        self.release.send_replace(true);
+    }
+}
+
+/// Whether a new client is turned away: its connection refused, or closed without an answer.
+/// A client that is carried all the same (the end has not seen the shutdown yet) gets its
+/// probe echoed by [`SlowTarget`], and is done.
+async fn turned_away(entry: SocketAddr) -> bool {
+    let Ok(socket) = TcpStream::connect(entry).await else {
+        return true; // the listener is closed
+    };
+    let (mut reader, mut writer) = socket.into_split();
+    // Either may fail once the connection is closed; what is read tells.
+    let _ = writer.write_all(b"probe\n").await;
+    let _ = writer.shutdown().await;
+    let mut got = Vec::new();
+    match within("a probe", reader.read_to_end(&mut got)).await {
+        Err(error) => {
+            assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                ),
+                "probe: unexpected error {error}"
+            );
+            true
+        }
+        Ok(_) if got.is_empty() => true,
+        Ok(_) => {
+            assert_eq!(got, b"probe\n", "a probe carried to the target is echoed");
+            false
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Scenarios of one direction
 // ---------------------------------------------------------------------------------------------
 
@@ -231,16 +683,21 @@ async fn a_client_waits_for_an_exit_that_is_not_up_yet() {
     let exit_addr = free_addr().await;
     let entry = bind().await;
     let entry_addr = entry.local_addr().expect("address");
-    let _entry = Task::spawn(run_entry(entry, Peer::Dial(exit_addr), entry_options()));
+    let _entry = End::spawn(DRAIN, |shutdown| {
+        run_entry(entry, Peer::Dial(exit_addr), entry_options(), shutdown)
+    });
 
     let client = connect(entry_addr).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // a few failed dials
     let exit = TcpListener::bind(exit_addr).await.expect("bind the exit");
-    let _exit = Task::spawn(run_exit(
-        Peer::Accept(exit),
-        Destination::Fixed(target.addr),
-        fast_redial(),
-    ));
+    let _exit = End::spawn(DRAIN, |shutdown| {
+        run_exit(
+            Peer::Accept(exit),
+            Destination::Fixed(target.addr),
+            fast_redial(),
+            shutdown,
+        )
+    });
 
     let got = round_trip(client, b"patience").await;
     assert_eq!(got, b"patience");
@@ -255,15 +712,20 @@ async fn reverse_a_client_waits_for_an_exit_that_has_not_dialled_in_yet() {
     let (clients, exits) = (bind().await, bind().await);
     let entry_addr = clients.local_addr().expect("address");
     let exits_addr = exits.local_addr().expect("address");
-    let _entry = Task::spawn(run_entry(clients, Peer::Accept(exits), entry_options()));
+    let _entry = End::spawn(DRAIN, |shutdown| {
+        run_entry(clients, Peer::Accept(exits), entry_options(), shutdown)
+    });
 
     let client = connect(entry_addr).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _exit = Task::spawn(run_exit(
-        Peer::Dial(exits_addr),
-        Destination::Fixed(target.addr),
-        fast_redial(),
-    ));
+    let _exit = End::spawn(DRAIN, |shutdown| {
+        run_exit(
+            Peer::Dial(exits_addr),
+            Destination::Fixed(target.addr),
+            fast_redial(),
+            shutdown,
+        )
+    });
 
     let got = round_trip(client, b"patience").await;
     assert_eq!(got, b"patience");
@@ -279,23 +741,31 @@ async fn reverse_the_latest_exit_to_dial_in_carries_new_clients() {
     let (clients, exits) = (bind().await, bind().await);
     let entry_addr = clients.local_addr().expect("address");
     let exits_addr = exits.local_addr().expect("address");
-    let _entry = Task::spawn(run_entry(clients, Peer::Accept(exits), entry_options()));
+    let _entry = End::spawn(DRAIN, |shutdown| {
+        run_entry(clients, Peer::Accept(exits), entry_options(), shutdown)
+    });
 
-    let _first_exit = Task::spawn(run_exit(
-        Peer::Dial(exits_addr),
-        Destination::Fixed(first_target.addr),
-        fast_redial(),
-    ));
+    let _first_exit = End::spawn(DRAIN, |shutdown| {
+        run_exit(
+            Peer::Dial(exits_addr),
+            Destination::Fixed(first_target.addr),
+            fast_redial(),
+            shutdown,
+        )
+    });
     let mut early = connect(entry_addr).await;
     assert_eq!(hear(&mut early).await, "first");
 
     // The second exit dials in. Clients that arrive once it has are carried by it; the
     // client before it stays on the first exit.
-    let _second_exit = Task::spawn(run_exit(
-        Peer::Dial(exits_addr),
-        Destination::Fixed(second_target.addr),
-        fast_redial(),
-    ));
+    let _second_exit = End::spawn(DRAIN, |shutdown| {
+        run_exit(
+            Peer::Dial(exits_addr),
+            Destination::Fixed(second_target.addr),
+            fast_redial(),
+            shutdown,
+        )
+    });
     within("a client carried by the second exit", async {
         loop {
             let mut late = connect(entry_addr).await;
@@ -329,17 +799,21 @@ async fn a_stream_the_other_end_refuses_closes_its_client_at_once() {
     let mut client = client.expect("connect");
     let (socket, _) = accepted.expect("accept");
 
-    let never = CancellationToken::new();
-    within("the relay to end", carry(socket, refused, &never)).await;
+    within(
+        "the relay to end",
+        carry(socket, refused, &SessionEnd::default()),
+    )
+    .await;
     assert_ended(&mut client, "the client of the refused stream").await;
 }
 
 #[test]
 fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
-    let parse = |line: &str| {
+    let args = |line: &str| {
         let args: Vec<String> = line.split_whitespace().map(String::from).collect();
         parse_args(&args)
     };
+    let parse = |line: &str| args(line).map(|args| args.command);
     let addr = |text: &str| text.to_string();
     use tunnel::Command::{Entry, Exit, Relay};
 
@@ -381,6 +855,26 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         })
     );
 
+    // How long a shutdown lets connections finish: 30 s unless `--drain` says otherwise, in
+    // any mode.
+    let drain = |line: &str| args(line).map(|args| args.drain);
+    assert_eq!(
+        drain("entry --listen a --exit b"),
+        Ok(Duration::from_secs(30))
+    );
+    assert_eq!(
+        drain("exit --drain 5 --listen a --socks"),
+        Ok(Duration::from_secs(5))
+    );
+    assert_eq!(
+        drain("relay --listen a --target b --drain 0.25"),
+        Ok(Duration::from_millis(250))
+    );
+    assert_eq!(
+        drain("entry --listen a --exit b --drain 0"),
+        Ok(Duration::ZERO)
+    );
+
     for (line, problem) in [
         ("", "say which end"),
         ("middle --listen a", "unknown mode"),
@@ -398,6 +892,19 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         ("exit --listen a", "--target ADDR or --socks is required"),
         ("exit --listen a --target b --socks", "not both"),
         ("relay --listen a --entry b", "unknown option"),
+        (
+            "exit --listen a --target b --drain",
+            "needs a number of seconds",
+        ),
+        (
+            "relay --listen a --target b --drain soon",
+            "number of seconds, not \"soon\"",
+        ),
+        ("entry --listen a --exit b --drain -1", "number of seconds"),
+        (
+            "entry --listen a --exit b --drain 1 --drain 2",
+            "given twice",
+        ),
     ] {
         match parse(line) {
             Err(error) => assert!(error.contains(problem), "{line:?}: {error}"),

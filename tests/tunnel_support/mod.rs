@@ -1,6 +1,7 @@
 //! The tunnel of `examples/tunnel.rs` under test, shared by `tests/tunnel.rs` and
 //! `tests/socks.rs`: an entry and an exit in this process on ephemeral loopback ports, in
-//! either direction, joined by a [`Link`] the tests can cut.
+//! either direction, joined by a [`Link`] the tests can cut, each end with the shutdown
+//! trigger its signals would fire.
 
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
@@ -14,7 +15,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinHandle};
 
-use crate::tunnel::{run_entry, run_exit, Destination, EntryOptions, Peer, Redial};
+use crate::tunnel::{
+    run_entry, run_exit, Destination, EntryOptions, Peer, Redial, Shutdown, ShutdownReport,
+};
 
 /// Which end dials the gomux connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,17 +28,33 @@ pub enum Direction {
     Reverse,
 }
 
+/// How long an end's connections get to finish when it shuts down, unless a test says
+/// otherwise: longer than any test waits, so that a drain that does not finish fails the test.
+pub const DRAIN: Duration = Duration::from_secs(600);
+
 /// An entry and an exit in this process, joined by a cuttable [`Link`].
 pub struct Tunnel {
     /// Where clients connect.
     pub entry: SocketAddr,
     /// Between the dialling end and the listening one.
     pub link: Link,
-    _tasks: [Task; 2],
+    /// The entry's task, and its shutdown.
+    pub entry_end: End,
+    /// The exit's task, and its shutdown.
+    pub exit_end: End,
 }
 
 impl Tunnel {
     pub async fn start(direction: Direction, destination: Destination) -> Tunnel {
+        Tunnel::start_with_drain(direction, destination, DRAIN).await
+    }
+
+    /// A tunnel whose ends give their connections `drain` to finish when they shut down.
+    pub async fn start_with_drain(
+        direction: Direction,
+        destination: Destination,
+        drain: Duration,
+    ) -> Tunnel {
         init_logs();
         let clients = bind().await;
         let entry = clients.local_addr().expect("entry address");
@@ -46,14 +65,58 @@ impl Tunnel {
             Direction::Forward => (Peer::Dial(link.addr), Peer::Accept(listening)),
             Direction::Reverse => (Peer::Accept(listening), Peer::Dial(link.addr)),
         };
+        let exit_end = End::spawn(drain, |shutdown| {
+            run_exit(exit_peer, destination, fast_redial(), shutdown)
+        });
+        let entry_end = End::spawn(drain, |shutdown| {
+            run_entry(clients, entry_peer, entry_options(), shutdown)
+        });
         Tunnel {
             entry,
-            _tasks: [
-                Task::spawn(run_exit(exit_peer, destination, fast_redial())),
-                Task::spawn(run_entry(clients, entry_peer, entry_options())),
-            ],
             link,
+            entry_end,
+            exit_end,
         }
+    }
+}
+
+/// One end of the tunnel (or a relay) running in a task of its own, with the [`Shutdown`] that
+/// its signals would fire.
+pub struct End {
+    pub shutdown: Shutdown,
+    task: Task<ShutdownReport>,
+}
+
+impl End {
+    /// Runs the end that `run` makes of a new shutdown trigger.
+    pub fn spawn<F, Fut>(drain: Duration, run: F) -> End
+    where
+        F: FnOnce(Shutdown) -> Fut,
+        Fut: Future<Output = ShutdownReport> + Send + 'static,
+    {
+        let shutdown = Shutdown::new(drain);
+        End {
+            task: Task::spawn(run(shutdown.clone())),
+            shutdown,
+        }
+    }
+
+    /// Begins the shutdown, as a first Ctrl-C does.
+    pub fn shut_down(&self) {
+        self.shutdown.begin.cancel();
+    }
+
+    /// Cuts the drain short, as a second Ctrl-C does.
+    pub fn cut(&self) {
+        self.shutdown.cut.cancel();
+    }
+
+    /// Waits for the end to have shut down by itself (within a test step), and returns how it
+    /// went.
+    pub async fn stopped(&mut self) -> ShutdownReport {
+        crate::common::within("the end to shut down", &mut self.task.0)
+            .await
+            .expect("the end does not panic")
     }
 }
 
@@ -151,18 +214,18 @@ impl Link {
 
 /// A spawned task that is aborted when this handle is dropped, so each test stops what it
 /// started.
-pub struct Task(pub JoinHandle<()>);
+pub struct Task<T = ()>(pub JoinHandle<T>);
 
-impl Task {
-    pub fn spawn<F>(future: F) -> Task
+impl<T: Send + 'static> Task<T> {
+    pub fn spawn<F>(future: F) -> Task<T>
     where
-        F: Future<Output = ()> + Send + 'static,
+        F: Future<Output = T> + Send + 'static,
     {
         Task(tokio::spawn(future))
     }
 }
 
-impl Drop for Task {
+impl<T> Drop for Task<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
