@@ -7,10 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{duplex_pair, gomux_error, sessions_with, within, Transport};
+use common::{duplex_pair, gomux_error, raw_session, sessions_with, within, Transport};
 use futures::StreamExt;
+use gomux::frame::{Frame, Kind};
 use gomux::stream::{OwnedReadHalf, Stopped};
-use gomux::{Config, Error};
+use gomux::{Config, Error, Role};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
@@ -77,6 +78,23 @@ async fn graceful_close_cuts_what_is_still_open_at_its_deadline() {
         "{result:?}"
     );
     assert!(matches!(server.closed().await, Error::ClosedLocally));
+}
+
+/// A transport that takes nothing more fails the close at the deadline too: the caller still
+/// learns that streams were cut, which matters more than the close's own failure.
+#[tokio::test(start_paused = true)]
+async fn graceful_close_reports_the_cut_streams_even_when_the_close_fails() {
+    let config = Config::default().close_timeout(Duration::from_millis(200));
+    let (server, _driver, faults, mut peer) = raw_session(Role::Server, config);
+    peer.send(Frame::control(2, Kind::OpenStream)).await;
+    let _accepted = within("accept", server.accept()).await.expect("accept");
+    faults.stall_writes(true);
+    let result = server.graceful_close(Duration::from_millis(100)).await;
+    assert!(
+        matches!(result, Err(Error::GracefulCloseTimedOut { streams: 1 })),
+        "{result:?}"
+    );
+    assert!(server.is_closed());
 }
 
 #[tokio::test]

@@ -295,11 +295,13 @@ impl Session {
             return self.shared.lock().outcome();
         }
         let cut = self.shared.lock().stream_count();
-        self.close().await?;
+        let closed = self.close().await;
+        // That streams were cut is what the caller most needs to know; a failure of the
+        // close itself stays visible through `close_reason` and the driver's result.
         if cut > 0 {
             return Err(Error::GracefulCloseTimedOut { streams: cut });
         }
-        Ok(())
+        closed
     }
 
     /// Waits until the session has no stream (none open, none waiting to be accepted), or has
