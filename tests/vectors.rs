@@ -54,7 +54,8 @@ async fn must<T, E: Debug>(what: impl Display, step: impl Future<Output = Result
     result.unwrap_or_else(|e| panic!("{what}: {e:?}"))
 }
 
-/// The recorded frames: at least one per kind, one of them the header-only Data vector.
+/// The frames `frames.jsonl` records (among them one of every kind and the header-only Data
+/// vector, which are checked apart): fewer means vectors went missing.
 const MIN_FRAME_VECTORS: usize = 16;
 
 /// The recorded sessions, each replayed by a test below.
