@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Builds the fuzz targets' seed corpus from the Go test vectors in ../shared/vectors.
+"""Builds the fuzz targets' seed corpus from the Go test vectors in tests/go-vectors.
 
 The corpus is generated, never committed: run this before fuzzing (.ci/fuzz does). Each
 target's input starts with one options byte (see the target's docs), then bytes from the
 vectors: single frames from frames.jsonl, and whole captured byte streams from sessions/.
 
-Usage: gen_corpus.py [VECTORS_DIR]   (default: ../../shared/vectors relative to this file)
+Usage: gen_corpus.py [VECTORS_DIR]   (default: ../tests/go-vectors relative to this file)
 """
 
 import json
@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    vectors = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "shared", "vectors")
+    vectors = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "go-vectors")
     if not os.path.isdir(vectors):
         print(f"no vectors at {vectors}: corpus not generated", file=sys.stderr)
         return 1
@@ -27,7 +27,7 @@ def main():
             if line.strip():
                 vector = json.loads(line)
                 # A header whose Data payload is described rather than stored gets it back
-                # (byte i = i * 7 mod 256, as vectors/README.md says).
+                # (byte i = i * 7 mod 256, as tests/go-vectors/README.md says).
                 wire = bytes.fromhex(vector["wire_hex"])
                 if vector["flags"] == 0 and len(wire) == 8 and vector["length"] > 0:
                     wire += bytes((i * 7) % 256 for i in range(vector["length"]))

@@ -1,5 +1,5 @@
 //! Byte-level compatibility with the Go gomux implementation, checked against vectors recorded
-//! from it (see `../shared/vectors/README.md`):
+//! from it, kept in `tests/go-vectors/` (see its `README.md` and `PROVENANCE.md`):
 //!
 //! - `frames.jsonl`: single frames must encode to the bytes Go produced and decode back;
 //! - `sessions/NAME/`: the bytes each side of a Go client/server pair wrote must decode frame by
@@ -10,8 +10,8 @@
 //! session granted, sends a WindowUpdate only once our session sent the data it pays for, and
 //! where the Go peer waited for an answer (a half-close, a close) it waits for ours.
 //!
-//! The vectors live beside the project, not in it; without them every test here passes after a
-//! notice on stderr.
+//! The vectors are part of the repository: a missing or unreadable vector file fails the test
+//! that needs it, and each test checks that it covered at least the vectors it was written for.
 
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};
@@ -54,14 +54,31 @@ async fn must<T, E: Debug>(what: impl Display, step: impl Future<Output = Result
     result.unwrap_or_else(|e| panic!("{what}: {e:?}"))
 }
 
-fn vectors_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: ../shared/vectors not found (the Go vectors live beside the project)");
-        None
-    }
+/// The frames `frames.jsonl` records (among them one of every kind and the header-only Data
+/// vector, which are checked apart): fewer means vectors went missing.
+const MIN_FRAME_VECTORS: usize = 16;
+
+/// The recorded sessions, each replayed by a test below.
+const SCENARIOS: [&str; 5] = [
+    "bulk_200k",
+    "echo",
+    "four_streams",
+    "half_close",
+    "server_opens",
+];
+
+/// The frames `frames.txt` lists for all of `SCENARIOS` together, both directions.
+const MIN_SESSION_FRAMES: usize = 70;
+
+/// The in-repository copy of the vectors. Its absence is a failure, never a reason to skip.
+fn vectors_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/go-vectors");
+    assert!(
+        dir.is_dir(),
+        "the Go vectors are missing: {} is not a directory",
+        dir.display()
+    );
+    dir
 }
 
 fn read(path: &Path) -> Vec<u8> {
@@ -120,7 +137,20 @@ fn load_frame_vectors(dir: &Path) -> Vec<Vector> {
     let text = read_text(&path);
     let lines = text.lines().filter(|line| !line.trim().is_empty());
     let vectors: Vec<Vector> = lines.map(vector).collect();
-    assert!(!vectors.is_empty(), "{} holds no vectors", path.display());
+    assert!(
+        vectors.len() >= MIN_FRAME_VECTORS,
+        "{} holds {} vectors, expected at least {MIN_FRAME_VECTORS}",
+        path.display(),
+        vectors.len()
+    );
+    for kind in 0..=7 {
+        let kind = Kind::from_u8(kind).expect("kinds 0 to 7 are defined");
+        assert!(
+            vectors.iter().any(|v| v.frame.header.kind == kind),
+            "{} has no {kind:?} vector",
+            path.display()
+        );
+    }
     assert!(
         vectors.iter().any(|v| v.name == HEADER_ONLY),
         "{} lacks the {HEADER_ONLY} vector",
@@ -185,9 +215,7 @@ fn assert_same_frame(decoded: &Frame, expected: &Frame, what: &str) {
 
 #[test]
 fn go_frame_vectors_encode_to_the_recorded_bytes() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
+    let dir = vectors_dir();
     for Vector { name, frame, wire } in load_frame_vectors(&dir) {
         let head = frame.header.to_bytes();
         assert_eq!(head[..], wire[..HEADER_LEN], "{name}: Header::to_bytes");
@@ -207,9 +235,7 @@ fn go_frame_vectors_encode_to_the_recorded_bytes() {
 
 #[test]
 fn go_frame_vectors_decode_to_the_frames_they_describe() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
+    let dir = vectors_dir();
     for vector in load_frame_vectors(&dir) {
         let (name, expected, wire) = (&vector.name, &vector.frame, &vector.wire);
         let head: [u8; HEADER_LEN] = wire[..HEADER_LEN].try_into().expect("8 header bytes");
@@ -278,7 +304,9 @@ fn load_scenario(dir: &Path, name: &str) -> [Vec<Captured>; 2] {
     DIRECTIONS.map(|direction| {
         let file = format!("{direction}.bin");
         let path = dir.join("sessions").join(name).join(&file);
-        decode_capture(&read(&path), &format!("{name}/{file}"))
+        let frames = decode_capture(&read(&path), &format!("{name}/{file}"));
+        assert!(!frames.is_empty(), "{name}/{file} holds no frames");
+        frames
     })
 }
 
@@ -301,9 +329,7 @@ fn listed_frames(text: &str, direction: &str) -> Vec<String> {
 
 #[test]
 fn go_session_captures_decode_frame_by_frame_as_listed() {
-    let Some(dir) = vectors_dir() else {
-        return;
-    };
+    let dir = vectors_dir();
     let sessions = dir.join("sessions");
     let entries = fs::read_dir(&sessions);
     let entries = entries.unwrap_or_else(|e| panic!("listing {}: {e}", sessions.display()));
@@ -312,15 +338,27 @@ fn go_session_captures_decode_frame_by_frame_as_listed() {
         .map(|name| name.into_string().expect("a UTF-8 scenario name"))
         .collect();
     names.sort();
-    assert!(!names.is_empty(), "no captured sessions");
+    for scenario in SCENARIOS {
+        assert!(
+            names.iter().any(|name| name == scenario),
+            "no captured session {scenario} in {}",
+            sessions.display()
+        );
+    }
+    let mut checked = 0;
     for name in names {
         let text = read_text(&sessions.join(&name).join("frames.txt"));
         for (direction, captured) in DIRECTIONS.into_iter().zip(load_scenario(&dir, &name)) {
             let decoded: Vec<String> = captured.iter().map(|c| shape(&c.frame)).collect();
             let listed = listed_frames(&text, direction);
             assert_eq!(decoded, listed, "{name}/{direction}.bin against frames.txt");
+            checked += decoded.len();
         }
     }
+    assert!(
+        checked >= MIN_SESSION_FRAMES,
+        "{checked} captured frames checked, expected at least {MIN_SESSION_FRAMES}"
+    );
 }
 
 // ------------------------------------------------------------------------------------------
@@ -428,10 +466,9 @@ struct Replay {
 }
 
 impl Replay {
-    /// Loads capture `name` and connects a session of `role` to the raw end; `None`, after the
-    /// notice, when the vectors are absent.
-    fn start(name: &str, role: Role) -> Option<Replay> {
-        let [mut go, mut theirs] = load_scenario(&vectors_dir()?, name);
+    /// Loads capture `name` and connects a session of `role` to the raw end.
+    fn start(name: &str, role: Role) -> Replay {
+        let [mut go, mut theirs] = load_scenario(&vectors_dir(), name);
         let mut names = ["client", "server"];
         if role == Role::Server {
             std::mem::swap(&mut go, &mut theirs);
@@ -444,7 +481,7 @@ impl Replay {
         let raw = Tally::default();
         let observer = tokio::spawn(observe(reader, tx, Arc::clone(&raw)));
         let go = go.into_iter().map(|c| c.frame).collect();
-        Some(Replay {
+        Replay {
             session,
             names,
             theirs,
@@ -453,7 +490,7 @@ impl Replay {
             seen,
             observer,
             raw,
-        })
+        }
     }
 
     /// Waits until what our session wrote satisfies `ready`.
@@ -688,9 +725,7 @@ fn assert_bulk(received: &[u8]) {
 
 /// Serves the requests of scenario `name`; every byte read must be paid back in credit.
 async fn serve_requests(name: &str, requests: Requests) {
-    let Some(replay) = Replay::start(name, Role::Server) else {
-        return;
-    };
+    let replay = Replay::start(name, Role::Server);
     let app = move |session: Session| async move {
         for (id, (request, reply)) in with_ids(requests) {
             let mut stream = accept(&session, id).await;
@@ -732,9 +767,7 @@ async fn server_serves_the_four_streams_the_go_client_opens_in_turn() {
 
 #[tokio::test]
 async fn server_reads_1000_bytes_then_end_of_stream_after_the_go_clients_half_close() {
-    let Some(replay) = Replay::start("half_close", Role::Server) else {
-        return;
-    };
+    let replay = Replay::start("half_close", Role::Server);
     // The Go client closed the session only after reading the reply to end-of-stream.
     let pause = Pause {
         before: Some((Kind::CloseMux, 0)),
@@ -760,9 +793,7 @@ async fn server_reads_1000_bytes_then_end_of_stream_after_the_go_clients_half_cl
 
 #[tokio::test]
 async fn server_receives_200000_bytes_from_the_go_client_paced_by_the_credit_it_returns() {
-    let Some(replay) = Replay::start("bulk_200k", Role::Server) else {
-        return;
-    };
+    let replay = Replay::start("bulk_200k", Role::Server);
     let app = |session: Session| async move {
         let mut stream = accept(&session, 0).await;
         // Reads of at most 10000 bytes, as the Go server did.
@@ -792,9 +823,7 @@ async fn server_receives_200000_bytes_from_the_go_client_paced_by_the_credit_it_
 
 #[tokio::test]
 async fn server_opening_two_streams_writes_what_the_go_server_wrote() {
-    let Some(replay) = Replay::start("server_opens", Role::Server) else {
-        return;
-    };
+    let replay = Replay::start("server_opens", Role::Server);
     // Server stream ids are odd. The Go server closed the session last; `run` does so for ours.
     let app = |session: Session| async move {
         for (id, text) in SERVER_OPENS {
@@ -813,9 +842,7 @@ async fn server_opening_two_streams_writes_what_the_go_server_wrote() {
 /// Makes the requests of scenario `name`. The capture's frames on each stream need the stream
 /// to exist: our client opens it first.
 async fn make_requests(name: &str, requests: Requests) {
-    let Some(replay) = Replay::start(name, Role::Client) else {
-        return;
-    };
+    let replay = Replay::start(name, Role::Client);
     let app = move |session: Session| async move {
         for (id, (request, reply)) in with_ids(requests) {
             let mut stream = open(&session, id).await;
@@ -833,9 +860,7 @@ async fn make_requests(name: &str, requests: Requests) {
 
 #[tokio::test]
 async fn client_keeps_the_go_servers_streams_readable_after_its_close_mux() {
-    let Some(mut replay) = Replay::start("server_opens", Role::Client) else {
-        return;
-    };
+    let mut replay = Replay::start("server_opens", Role::Client);
     let replayed = replay.replay(None).await;
     replayed.expect("replaying the Go server's bytes");
     // Everything arrives before the application looks: the session has ended by then, and
@@ -868,9 +893,7 @@ async fn client_four_streams_against_the_go_server_write_what_the_go_client_wrot
 
 #[tokio::test]
 async fn client_half_close_against_the_go_server_reads_its_reply_to_end_of_stream() {
-    let Some(replay) = Replay::start("half_close", Role::Client) else {
-        return;
-    };
+    let replay = Replay::start("half_close", Role::Client);
     // The Go server answered only after reading our data to end-of-stream.
     let pause = Pause {
         before: None,
@@ -891,9 +914,7 @@ async fn client_half_close_against_the_go_server_reads_its_reply_to_end_of_strea
 
 #[tokio::test]
 async fn client_sends_200000_bytes_within_the_credit_the_go_server_granted() {
-    let Some(replay) = Replay::start("bulk_200k", Role::Client) else {
-        return;
-    };
+    let replay = Replay::start("bulk_200k", Role::Client);
     let app = |session: Session| async move {
         let mut stream = open(&session, 0).await;
         must("writing 200000 bytes", stream.write_all(&bulk_payload())).await;
