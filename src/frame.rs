@@ -196,8 +196,8 @@ impl fmt::Debug for Frame {
 mod tests {
     use super::*;
 
-    // Known answers written from the protocol description, so the wire format is tested even
-    // where the recorded Go vectors are not available.
+    // Known answers written from the protocol description, so the wire format is tested from
+    // the description as well as against the recorded Go vectors (tests/vectors.rs).
     #[test]
     fn header_known_answers() {
         let cases: [(Header, [u8; 8]); 4] = [

@@ -807,10 +807,14 @@ where
                 return Poll::Pending;
             }
             // Sleep until a handle queues output (it takes this waker) or the transport or a
-            // timer wakes us. Checked and registered under one lock, so no output is missed.
+            // timer wakes us. Checked and registered under one lock, so that nothing a handle
+            // did since the checks above is missed: a handle finds no waker to take while the
+            // driver runs, so a session ended meanwhile (`Session::close` from another thread)
+            // must be seen here, or its CloseMux waits for the next keepalive, or for ever.
             let mut inner = this.shared.lock();
             let can_take = this.write_failed.is_none() && this.batch_written();
             if can_take && inner.has_output()
+                || inner.end_reason().is_some()
                 || inner.drained()
                 || this.read_paused && !inner.control_over_limit()
             {
