@@ -65,72 +65,10 @@ done
 # What is needed, and where things go
 # ---------------------------------------------------------------------------------------------
 
-missing=()
-for tool in redis-server redis-cli redis-benchmark cargo; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-if ((${#missing[@]})); then
-    echo "error: not found on PATH: ${missing[*]}" >&2
-    echo "Redis and its tools install on Debian/Ubuntu with:" >&2
-    echo "    apt-get install -y redis-server redis-tools" >&2
-    echo "and cargo with rustup (https://rustup.rs)." >&2
-    exit 1
-fi
-
-work=$(mktemp -d)
-pids=()
-
-# On every exit: stop what we started, and on failure show the end of each log first.
-cleanup() {
-    local status=$?
-    if ((status != 0)); then
-        for log in "$work"/*.log; do
-            [ -s "$log" ] || continue
-            echo "--- last lines of $(basename "$log")" >&2
-            tail -n 20 "$log" >&2
-        done
-    fi
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-    exit "$status"
-}
-trap cleanup EXIT
-
-# A loopback port nothing listens on, below Linux's ephemeral range (32768 and up) so that
-# outgoing connections do not take it meanwhile, and different from the ports already chosen.
-chosen=" "
-free_port() {
-    local port
-    for _ in $(seq 200); do
-        port=$((20000 + RANDOM % 12000))
-        [[ $chosen == *" $port "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            chosen+="$port "
-            echo "$port"
-            return 0
-        fi
-    done
-    echo "error: found no free loopback port" >&2
-    return 1
-}
-
-# Waits until a log file has a line containing some text.
-await_log() {
-    local log=$1 text=$2
-    for _ in $(seq 200); do
-        if grep -qF "$text" "$log" 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.05
-    done
-    echo "error: no \"$text\" in $(basename "$log")" >&2
-    return 1
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # the working directory is the repository's root
+require_tools "Redis and its tools install on Debian/Ubuntu with:
+    apt-get install -y redis-server redis-tools" redis-server redis-cli redis-benchmark cargo
 
 # Waits until whatever listens on a port answers a Redis PING (through the tunnel too).
 await_pong() {
