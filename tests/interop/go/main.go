@@ -1,8 +1,10 @@
 // Command gomux-go-peer is a Go gomux peer for testing and measuring the Rust crate against the
-// Go implementation: it runs one interop scenario or one benchmark role on one connection.
+// Go implementation: it runs one interop scenario, one benchmark role or one fault role on one
+// connection.
 //
 //	gomux-go-peer scenario NAME (-listen ADDR | -connect ADDR) [flags]
 //	gomux-go-peer bench    MODE (-listen ADDR | -connect ADDR) [flags]
+//	gomux-go-peer fault    MODE (-listen ADDR | -connect ADDR) [flags]
 //
 // With -listen the program prints "listening HOST:PORT" on a line of its own once it listens,
 // accepts one connection and is the gomux server; with -connect it dials and is the gomux
@@ -25,6 +27,8 @@ func main() {
 		err = scenarioMain(os.Args[2], os.Args[3:])
 	case "bench":
 		err = benchMain(os.Args[2], os.Args[3:])
+	case "fault":
+		err = faultMain(os.Args[2], os.Args[3:])
 	default:
 		usage()
 	}
@@ -35,6 +39,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: gomux-go-peer (scenario NAME | bench MODE) (-listen ADDR | -connect ADDR) [flags]")
+	fmt.Fprintln(os.Stderr, "usage: gomux-go-peer (scenario NAME | bench MODE | fault MODE) (-listen ADDR | -connect ADDR) [flags]")
 	os.Exit(2)
 }
