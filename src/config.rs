@@ -133,10 +133,8 @@ impl Config {
     /// process per run: 93 and 24 of 200 hung with the defaults, 1 and 0 of 200 with these
     /// settings.
     ///
-    /// The cost: a stream from the Go peer carries at most 64 KiB per round trip. One stream
-    /// from a Go writer over loopback TCP moved 660–690 MB/s with these settings against
-    /// 1450–1820 MB/s with the defaults; over a link with a 20 ms round trip the bound is
-    /// 3.2 MB/s per stream. Streams towards the Go peer are unaffected (its own windows are
+    /// The cost: a stream from the Go peer carries at most 64 KiB per round trip: over a link
+    /// with a 20 ms round trip, 3.2 MB/s per stream. Streams towards the Go peer are unaffected (its own windows are
     /// 64 KiB whatever this side sets). Raising [`receive_window`](Config::receive_window) or
     /// `max_receive_window` afterwards gives the extra credit back.
     ///

@@ -179,8 +179,7 @@
 //! larger Data frame. A Go receiver grants each stream 64 KiB of credit and never more, so a
 //! stream towards a Go peer carries at most 64 KiB per round trip whatever this side's
 //! configuration. The other way, this side grows its windows (up to
-//! [`Config::max_receive_window`], 16 MiB by default; 4 MiB was reached within 200 ms of one
-//! Go stream over loopback) and sends the extra credit in WindowUpdate frames, which the Go
+//! [`Config::max_receive_window`], 16 MiB by default) and sends the extra credit in WindowUpdate frames, which the Go
 //! sender simply adds up. A Go writer can then hold more credit than its session's write
 //! buffer (ten 64 KiB frames) has room for, which makes the first fault below much likelier.
 //! [`Config::go_peer`] keeps the windows at 64 KiB.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{duplex_pair, gomux_error, raw_session, sessions_with, within, Transport};
 use futures::StreamExt;
 use gomux::frame::{Frame, Kind};
-use gomux::stream::{OwnedReadHalf, Stopped};
+use gomux::stream::Stopped;
 use gomux::{Config, Error, Role};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -211,8 +211,13 @@ async fn halves_reunite_and_the_write_half_closes_and_waits() {
     // Halves of different streams come back with the error.
     let (a_read, _a_write) = client.open().await.expect("open").into_split();
     let (_b_read, b_write) = client.open().await.expect("open").into_split();
+    let (a_id, b_id) = (a_read.id(), b_write.id());
     let error = a_read.reunite(b_write).expect_err("different streams");
-    let OwnedReadHalf { .. } = error.0;
+    assert_eq!(
+        (error.0.id(), error.1.id()),
+        (a_id, b_id),
+        "both halves come back"
+    );
 
     // The read half tells what is buffered; the write half closes and waits.
     let (reader, mut writer) = stream.into_split();

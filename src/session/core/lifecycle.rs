@@ -30,7 +30,7 @@ pub(super) struct Lifecycle {
     pub(super) session_handles: usize,
     /// `Session::graceful_close` was called: inbound streams are refused, opens fail, and the
     /// session closes itself once its last stream is gone.
-    draining: bool,
+    closing_gracefully: bool,
     /// Tasks waiting for the session to have no stream (`Session::wait_idle`).
     idle_waiters: WaitList,
 }
@@ -45,7 +45,7 @@ impl Lifecycle {
             write_failed: None,
             close_waiters: WaitList::new(),
             session_handles: 1,
-            draining: false,
+            closing_gracefully: false,
             idle_waiters: WaitList::new(),
         }
     }
@@ -74,12 +74,12 @@ impl Lifecycle {
     /// Whether the session takes no new streams and closes once its last one is gone: it is
     /// closing gracefully, or nobody holds a `Session` handle to accept or open any more.
     pub(super) fn draining(&self) -> bool {
-        self.draining || self.session_handles == 0
+        self.closing_gracefully || self.session_handles == 0
     }
 
     /// Whether `Session::graceful_close` was called (opens and accepts fail from then on).
     pub(super) fn closing_gracefully(&self) -> bool {
-        self.draining
+        self.closing_gracefully
     }
 }
 
@@ -105,14 +105,14 @@ impl Inner {
         self.wake_all_outgoing(wakers);
         self.accept_waiters.wake_all(wakers);
         self.life.idle_waiters.wake_all(wakers);
-        wakers.extend(self.stop_waiters.drain().map(|(_, waker)| waker));
+        wakers.extend(self.stop_waiters.drain().filter_map(|(_, waker)| waker));
         wakers.extend(self.driver_waker.take());
     }
 
     /// Starts a graceful close: no new stream either way, queued inbound streams refused, and
     /// the session closes itself once the streams already open are done.
     pub(crate) fn start_draining(&mut self, wakers: &mut Vec<Waker>) {
-        if self.life.draining || self.life.ended() {
+        if self.life.closing_gracefully || self.life.ended() {
             return;
         }
         event!(
@@ -121,7 +121,7 @@ impl Inner {
             streams = self.streams.len(),
             "draining"
         );
-        self.life.draining = true;
+        self.life.closing_gracefully = true;
         self.accept_waiters.wake_all(wakers);
         self.wake_openers(wakers);
         self.check_draining(wakers);

@@ -96,7 +96,7 @@ pub(crate) struct Inner {
     accept_waiters: WaitList,
     /// The task waiting in `stopped()` on a stream, by stream key: few streams have one, so
     /// it is kept here rather than in every stream's state.
-    stop_waiters: HashMap<usize, Waker>,
+    stop_waiters: HashMap<usize, Option<Waker>>,
     out: Outgoing,
     life: Lifecycle,
     /// The driver's waker, taken by whoever gives it something to do.

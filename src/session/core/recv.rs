@@ -180,7 +180,7 @@ impl Inner {
         stream.wake_all(wakers);
         if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
             stream.queued.set(Queued::STOP, false);
-            wakers.extend(self.stop_waiters.remove(&key));
+            wakers.extend(self.stop_waiters.remove(&key).flatten());
         }
     }
 
@@ -342,13 +342,7 @@ impl Inner {
             return Poll::Ready(Err(error));
         }
         stream.queued.set(Queued::STOP, true);
-        let slot = self
-            .stop_waiters
-            .entry(key)
-            .or_insert_with(|| waker.clone());
-        if !slot.will_wake(waker) {
-            *slot = waker.clone();
-        }
+        super::stream_state::register(self.stop_waiters.entry(key).or_default(), waker);
         Poll::Pending
     }
 
