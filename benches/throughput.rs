@@ -4,9 +4,10 @@
 //! ratios between neighbouring rows hold on a noisy machine:
 //!
 //! - `tcp-64KiB/1`, `tcp-1MiB/N`: one raw loopback TCP connection, written in 64 KiB and 1 MiB
-//!   writes: what the kernel can do without any multiplexing. `tcp-1MiB` runs again just before
-//!   the rows for each stream count N (always over one connection), so that every row's ratio
-//!   to the transport's limit comes from measurements seconds apart.
+//!   writes and read 1 MiB at a time (`support::BULK`): what the kernel can do without any
+//!   multiplexing. `tcp-1MiB` is the transport's limit, as `iperf3 -l 1M` measures it; it runs
+//!   again just before the rows for each stream count N (always over one connection), so that
+//!   every row's ratio to the limit comes from measurements seconds apart.
 //! - `gomux-tcp/N`, `gomux-duplex/N`: gomux over one loopback TCP connection and over an
 //!   in-memory pipe (which isolates the multiplexer from the kernel), N streams.
 //! - `gomux-tcp-zc/N`: as `gomux-tcp`, through the zero-copy API: the writers queue their
@@ -71,7 +72,7 @@ fn throughput(c: &mut Criterion) {
             "tcp-1MiB",
             tcp.expect("loopback listener"),
             streams,
-            1 << 20,
+            support::BULK,
         );
         // A fresh connection for every row, so no row inherits another's state.
         let gomux_tcp = rt.block_on(support::gomux_tcp(Config::default()));

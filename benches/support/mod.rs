@@ -34,6 +34,12 @@ use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompat
 /// gomux Data frame.
 pub const CHUNK: usize = 64 * 1024;
 
+/// Size of raw TCP's reads in every workload, and of its writes where it stands for the
+/// transport's limit: large pieces cost the fewest system calls, so one connection moves as much
+/// as it can (as `iperf3 -l 1M` does). A multiplexer cannot beat the connection it runs on read
+/// this way; read in 64 KiB pieces it could, and the baseline would flatter it.
+pub const BULK: usize = 1 << 20;
+
 /// Buffer of each direction of a `tokio::io::duplex` pipe. 1 MiB is of the order of what Linux
 /// gives a busy loopback TCP socket, so the in-memory rows differ from the TCP rows by the cost
 /// of the kernel and not by a narrower pipe: through a 64 KiB pipe every batch of up to 256 KiB
@@ -52,6 +58,9 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 /// copying into and out of the application's buffers, as most code does; [`ZeroCopy`]
 /// overrides both with gomux's chunk API.
 pub trait Piecewise: Io {
+    /// The capacity of the reader's buffer: how much one read may take.
+    const READ_SIZE: usize = CHUNK;
+
     /// Writes all of `piece`.
     fn send_piece(&mut self, piece: Bytes) -> impl Future<Output = io::Result<()>> + Send {
         async move { self.write_all(&piece).await }
@@ -75,7 +84,9 @@ pub trait Piecewise: Io {
     }
 }
 
-impl Piecewise for TcpStream {}
+impl Piecewise for TcpStream {
+    const READ_SIZE: usize = BULK;
+}
 impl Piecewise for DuplexStream {}
 impl Piecewise for gomux::Stream {}
 impl Piecewise for Compat<yamux::Stream> {}
@@ -534,6 +545,21 @@ impl Payload {
         }
     }
 
+    /// The same content cut into writes of `chunk` bytes.
+    pub fn rechunked(&self, chunk: usize) -> Payload {
+        if self.cyclic {
+            // The generated block must be `chunk` longer than its period; making it again costs a
+            // millisecond.
+            Payload::generated(self.total, chunk)
+        } else {
+            Payload {
+                bytes: self.bytes.clone(),
+                chunk,
+                ..*self
+            }
+        }
+    }
+
     /// Bytes sent over all streams together.
     pub fn total(&self) -> u64 {
         self.total
@@ -600,7 +626,7 @@ async fn join_all<T: 'static>(mut set: JoinSet<io::Result<T>>) -> io::Result<Vec
 
 /// Sends `payload` over `streams` streams of `connector`, all at once: each stream writes its
 /// share in writes of the payload's chunk size and half-closes, while the peer reads it into a
-/// [`CHUNK`]-byte buffer, counts it into `progress` and drops it. Fails if the digests of what
+/// buffer of [`Piecewise::READ_SIZE`] bytes, counts it into `progress` and drops it. Fails if the digests of what
 /// was sent and what was received differ.
 ///
 /// Streams are opened one after the other and each starts writing as soon as it is open; the
@@ -678,7 +704,7 @@ async fn receive<I: Piecewise, D: Digest>(
     progress: Arc<AtomicU64>,
 ) -> io::Result<D::Output> {
     // Uninitialised capacity: a thousand readers do not zero 64 MiB before their first byte.
-    let mut buf = BytesMut::with_capacity(CHUNK);
+    let mut buf = BytesMut::with_capacity(I::READ_SIZE);
     let mut digest = D::default();
     let seen = |bytes: &[u8], digest: &mut D| {
         digest.update(bytes);
