@@ -73,7 +73,7 @@ impl Role {
 /// The defaults suit a Go peer and a busy server: Go's 64 KiB payload limit and initial window;
 /// windows that grow to 16 MiB so one stream fills a long fat link; 8192 streams and a backlog of
 /// 1024 so bursts of opens are accepted; a 1 MiB write buffer, which moved 10–23 % more than
-/// 256 KiB with 100 and more streams (BENCHMARKS.md); a 30 s keepalive, well under common NAT
+/// 256 KiB with 100 and more streams (BENCHMARK-HISTORY.md); a 30 s keepalive, well under common NAT
 /// and proxy idle timeouts. The idle and write-stall timeouts are off, because a Go peer sends
 /// a keepalive only every 10 minutes and stops reading the connection while its own accept
 /// queue is full: turn them on with values that fit the peer. [`Config::go_peer`] keeps the
@@ -244,7 +244,7 @@ impl Config {
 
     /// Outgoing bytes queued for the transport before writers wait, default 1 MiB. Writes are
     /// coalesced into transport writes of up to this size: with 100 and 1000 streams writing
-    /// at once, 1 MiB moved 10–23 % more over loopback TCP than 256 KiB (see BENCHMARKS.md).
+    /// at once, 1 MiB moved 10–23 % more over loopback TCP than 256 KiB (see BENCHMARK-HISTORY.md).
     /// Writers (and openers) waiting for room are let in oldest first, as many as the room
     /// fits, so streams writing at once take turns; a frame waits behind at most about twice
     /// this (the queue, and the batch being written) plus what the transport holds. A smaller

@@ -178,7 +178,7 @@ impl Tuner {
             self.epoch_received = 0;
             // Without the reader keeping up at arrival, loopback windows grew larger and one
             // stream ran at 0.53–0.63 of the rate: the larger batches that came with them ran
-            // out of cache (BENCHMARKS.md, "Session core v2").
+            // out of cache (BENCHMARK-HISTORY.md, "Session core v2").
             if buffered <= target / 4 && rtt.or(sample).is_some_and(|rtt| elapsed < rtt) {
                 self.epoch_at = now;
                 self.epoch_received = LIMITED;

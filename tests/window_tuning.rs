@@ -114,7 +114,7 @@ async fn tuning_stays_within_the_configured_per_stream_maximum() {
 }
 
 #[tokio::test]
-#[ignore = "real time: takes about 15 s; run on demand for BENCHMARKS.md"]
+#[ignore = "real time: takes about 15 s; run on demand for the benchmark figures"]
 async fn real_time_tuned_against_fixed() {
     let fixed = throughput(PATH, fixed(), 16 << 20).await;
     let tuned = throughput(PATH, Config::default(), 512 << 20).await;

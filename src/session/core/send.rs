@@ -155,7 +155,7 @@ impl Inner {
     ///
     /// Waiting for the transport every time would cost each flush a wake-up after the driver's
     /// next write: with thousands of short streams, over a third of the time (see the
-    /// `streams` bench in BENCHMARKS.md).
+    /// `streams` bench in BENCHMARK-HISTORY.md).
     pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
         if self.life.unusable().is_none() {
             return Poll::Ready(Ok(()));

@@ -28,7 +28,7 @@ package main
 // receiver also takes the sender's flags then), as the Rust measurements do: one process, its
 // runtime on every core. With -raw, echo and rtt use the TCP connection itself, no gomux.
 //
-// Lines printed on stdout, one each, for the speed tool and scripts/bench-go.sh to parse:
+// Lines printed on stdout, one each, for the speed tool and scripts/benchmarks.sh to parse:
 //
 //	progress BYTES                                              (receive, every -progress)
 //	received streams=K bytes=N seconds=S digest=HEX             (receive)

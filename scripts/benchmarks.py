@@ -1,0 +1,478 @@
+"""Writes BENCHMARKS.md (on stdout) from the figures scripts/benchmarks.sh collected.
+
+usage: python3 scripts/benchmarks.py WORK_DIR NOTES_FILE
+
+WORK_DIR holds what the measuring script wrote:
+
+- results: "round key value" lines, one per figure and round;
+- meta: "key<TAB>value" lines: the machine, the time, the commit and the commands run;
+- redis-K.txt: scripts/redis-tunnel.sh's output with K gomux connections (or redis-K.failed:
+  why there is none);
+- perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
+- alloc.txt: the output of the allocation test (alloc.failed if it failed).
+
+NOTES_FILE (may be empty: no notes) is Markdown included as it is. Every figure printed comes
+from these files; the text around them holds none of its own.
+"""
+
+import math
+import os
+import re
+import statistics
+import sys
+
+# The targets the figures are held against: (bound, direction), read "at least" for ">=".
+TARGET_LIMIT = 0.90
+TARGET_GO = 2.0
+TARGET_YAMUX = 3.0
+TARGET_RTT = 1.10
+TARGET_ECHO = 4.0
+TARGET_REDIS = 1.0
+TARGET_IDLE = 256
+TARGET_ALLOC = 0.0
+
+
+class Run:
+    """Everything one run measured."""
+
+    def __init__(self, work):
+        self.work = work
+        self.values = {}  # (round, key) -> float
+        with open(os.path.join(work, "results")) as results:
+            for line in results:
+                round_, key, value = line.split()
+                self.values[int(round_), key] = float(value)
+        self.meta = {}
+        with open(os.path.join(work, "meta")) as meta:
+            for line in meta:
+                key, _, value = line.rstrip("\n").partition("\t")
+                self.meta[key] = value
+        self.rounds = int(self.meta["rounds"])
+        self.streams = self.meta["streams"].split()
+        # The round's limit: the better of iperf3 and the speed tool's tcp mode.
+        for r in range(1, self.rounds + 1):
+            limits = [self.values[r, k] for k in ("limit-iperf3", "limit-tcp") if (r, k) in self.values]
+            if limits:
+                self.values[r, "limit"] = max(limits)
+
+    def file(self, name):
+        """The content of a file of the work directory, or None."""
+        path = os.path.join(self.work, name)
+        if not os.path.exists(path):
+            return None
+        with open(path, errors="replace") as f:
+            return f.read()
+
+    def per_round(self, key):
+        return [self.values[r, key] for r in range(1, self.rounds + 1) if (r, key) in self.values]
+
+    def median(self, key):
+        values = self.per_round(key)
+        return statistics.median(values) if values else None
+
+    def ratios(self, top, bottom):
+        """top / bottom within each round."""
+        return [
+            self.values[r, top] / self.values[r, bottom]
+            for r in range(1, self.rounds + 1)
+            if (r, top) in self.values and (r, bottom) in self.values and self.values[r, bottom] > 0
+        ]
+
+    def ratio(self, top, bottom):
+        """The median of the ratios within each round, or None."""
+        values = self.ratios(top, bottom)
+        return statistics.median(values) if values else None
+
+    def ratio_text(self, top, bottom):
+        """"median (min–max)" of the ratios within each round."""
+        values = self.ratios(top, bottom)
+        if not values:
+            return "–"
+        text = r2(statistics.median(values))
+        if len(values) > 1:
+            text += f" ({r2(min(values))}–{r2(max(values))})"
+        return text
+
+    def row(self, label, keys, spec, ratios=()):
+        """A table row: the label, the medians of keys formatted with spec, then the ratios
+        (top, bottom) within each round."""
+        return [label] + [fmt(self.median(k), spec) for k in keys] + [self.ratio_text(*r) for r in ratios]
+
+    def command(self, key):
+        return self.meta.get("command-" + key, "")
+
+
+def r2(x):
+    """Two decimals, or two significant digits for a ratio far below 1."""
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
+
+
+def streams(k):
+    return f"{k} stream" if k == "1" else f"{k} streams"
+
+
+def fmt(x, spec):
+    return "–" if x is None else format(x, spec)
+
+
+def table(header, rows, align=None):
+    """A Markdown table; numbers are right-aligned unless align says otherwise."""
+    align = align or ["---"] + ["--:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def code_block(text):
+    return "```sh\n" + text + "\n```"
+
+
+def out(*parts):
+    print(*parts, sep="\n")
+
+
+def section(run, title, prose, commands, *tables):
+    """A measurement's section: its title, what it measures, the commands that measured it (keys
+    of run's commands), then its tables."""
+    out(f"## {title}", "", *prose, "", code_block("\n".join(run.command(c) for c in commands)), "")
+    for t in tables:
+        out(t, "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Redis: scripts/redis-tunnel.sh's tables.
+
+
+def redis_tables(text):
+    """{"-k 1": [(command, direct, relay, tunnel, tunnel p50)], "-k 0": [...]} from its output."""
+    tables = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("keep-alive connections"):
+            current = tables.setdefault("-k 1", [])
+        elif line.startswith("a new connection per request"):
+            current = tables.setdefault("-k 0", [])
+        elif current is not None and line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if len(cells) >= 8 and re.fullmatch(r"[0-9.]+", cells[1]):
+                current.append((cells[0], float(cells[1]), float(cells[2]), float(cells[3]), cells[7]))
+        elif not line.strip():
+            current = None
+    return tables
+
+
+def geometric_mean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The document.
+
+
+def main():
+    work, notes = sys.argv[1], sys.argv[2]
+    run = Run(work)
+    meta = run.meta
+    counts = run.streams
+
+    redis_results = {}  # K -> tables, or the reason there are none
+    if meta.get("redis") == "true":
+        for k in meta.get("redis-connections", "").split():
+            failed = run.file(f"redis-{k}.failed")
+            text = run.file(f"redis-{k}.txt")
+            redis_results[k] = failed.strip() if failed else redis_tables(text or "")
+
+    allocs = []  # (case, units, what, calls, per unit, bytes)
+    alloc_text = run.file("alloc.txt") or ""
+    for line in alloc_text.splitlines():
+        m = re.fullmatch(
+            r"(.+): (\d+) (.+?), (\d+) allocations \(([0-9.]+) each\), (\d+) bytes allocated", line
+        )
+        if m:
+            allocs.append((m[1], int(m[2]), m[3], int(m[4]), float(m[5]), int(m[6])))
+    allocs.sort()
+
+    out(
+        "# Benchmarks",
+        "",
+        "This file is written by `scripts/benchmarks.sh` from one run on one machine: every figure",
+        "in it was measured in that run, with the commands given beside it. The machine is shared",
+        "and noisy, so absolute figures move from run to run. What matters are the ratios: each is",
+        "taken between rows measured one right after the other in the same round, the order of",
+        "the rows turning from round to round; the tables give the median over the rounds, with",
+        "the range in brackets. Throughput is in MiB/s (2^20 bytes per second).",
+        "",
+        "Earlier measurements, each with the command and the date it was made, are kept in",
+        "[BENCHMARK-HISTORY.md](BENCHMARK-HISTORY.md).",
+        "",
+        "## The run",
+        "",
+        code_block(meta["command"]),
+        "",
+    )
+    dirty = meta.get("dirty", "").split()
+    state = "with uncommitted changes to " + ", ".join(f"`{d}`" for d in dirty[:4]) if dirty else "clean"
+    if len(dirty) > 4:
+        state += f" and {len(dirty) - 4} more files"
+    out(
+        f"- Measured {meta['started']}–{meta['finished']} UTC, commit {meta['commit']} ({state});"
+        f" {run.rounds} round{'s' if run.rounds > 1 else ''}"
+        f"{' (--quick)' if meta.get('quick') == 'true' else ''}, the rounds ending at"
+        f" {meta['rounds-finished']}.",
+        f"- Machine: {meta['cpu'] or 'unknown CPU'}, {meta['cores']} cores (`nproc`),"
+        f" {meta['memory']} of memory; Linux {meta['kernel']}.",
+        f"- {meta['rustc']}; {meta['go']}; {meta['iperf3']}"
+        + (f"; {meta['redis-version']}" if "redis-version" in meta else "")
+        + ".",
+        f"- Load average (1, 5 and 15 minutes): {meta['load-start']} at the start,"
+        f" {meta['load-end']} at the end.",
+        "- Both ends of every transfer run in one process unless said otherwise, over loopback TCP.",
+        "",
+    )
+
+    # --- The targets -----------------------------------------------------------------------
+    targets = []
+
+    def target(name, value, bound, at_least, text=None):
+        if value is None:
+            targets.append((name, text or "not measured", "–"))
+            return
+        met = value >= bound if at_least else value <= bound
+        targets.append((name, text or r2(value), "met" if met else "**missed**"))
+
+    def ratio_target(name, top, bottom, bound, at_least=True):
+        target(name, run.ratio(top, bottom), bound, at_least, run.ratio_text(top, bottom))
+
+    for k in counts:
+        ratio_target(f"gomux ≥ {TARGET_LIMIT:.2f} × the limit, {streams(k)}", f"tp-{k}-mux-nv", "limit",
+                     TARGET_LIMIT)
+    for k in counts:
+        for what, name in (("go", "2 processes"), ("go-pair", "1 process")):
+            ratio_target(f"gomux ≥ {TARGET_GO:.0f} × Go gomux ({name}), {streams(k)}", f"tp-{k}-mux",
+                         f"tp-{k}-{what}", TARGET_GO)
+    for k in counts:
+        ratio_target(f"gomux ≥ {TARGET_YAMUX:.0f} × yamux, {streams(k)}", f"tp-{k}-mux-nv",
+                     f"tp-{k}-yamux-nv", TARGET_YAMUX)
+    ratio_target(f"64-byte round trip ≤ {TARGET_RTT:.2f} × raw TCP's", "rtt-rust-gomux", "rtt-rust-tcp",
+                 TARGET_RTT, at_least=False)
+    ratio_target(f"{meta['many-streams']} × 1 KiB echo ≥ {TARGET_ECHO:.0f} × as fast as Go gomux's",
+                 "many-go-echo", "many-rust-echo", TARGET_ECHO)
+    redis_one = redis_results.get("1")
+    if isinstance(redis_one, dict) and redis_one.get("-k 1"):
+        value = geometric_mean([t / r for _, _, r, t, _ in redis_one["-k 1"] if r > 0])
+        target(
+            f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays",
+            value, TARGET_REDIS, True, f"{r2(value)} (geometric mean over the commands)",
+        )
+    else:
+        reason = redis_one if isinstance(redis_one, str) else "not measured (--no-redis)"
+        targets.append(
+            (f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays", reason, "–")
+        )
+    idle = run.median("many-rust-idle")
+    target(
+        f"≤ {TARGET_IDLE} bytes per idle stream end", idle, TARGET_IDLE, False,
+        None if idle is None else f"{idle:.0f} bytes",
+    )
+    frames = [a for a in allocs if "frames" in a[2]]
+    if frames:
+        worst = max(a[4] for a in frames)
+        target(
+            "0 allocations per Data frame in steady state", worst, TARGET_ALLOC, False,
+            f"{worst:g} (the most of {len(frames)} cases)",
+        )
+    else:
+        targets.append(("0 allocations per Data frame in steady state", "not measured", "–"))
+
+    out(
+        "## Against the targets",
+        "",
+        "A ratio is the median over the rounds of the ratio taken within each round, with its range"
+        " in brackets; the limit is the better of `iperf3` and the speed tool's `tcp` mode in that"
+        " round.",
+        "",
+        table(["target", "measured", ""], targets, ["---", "--:", ":-:"]),
+        "",
+    )
+
+    # --- The limit ---------------------------------------------------------------------------
+    section(
+        run, "The transport's limit",
+        ["One loopback TCP connection, reads and writes of 1 MiB, nothing hashed: `iperf3`, and the",
+         "speed tool's `tcp` mode. A multiplexer carries all its streams over one such connection,",
+         "so the limit of every row below is this one-connection figure, whatever the stream count.",
+         "The limit of a round is the better of the two, measured in that round."],
+        ["limit-iperf3", "limit-tcp"],
+        table(["", "iperf3", "speed `tcp --no-verify`", "limit"],
+              [run.row("MiB/s", ("limit-iperf3", "limit-tcp", "limit"), ".0f")]),
+    )
+
+    # --- Throughput --------------------------------------------------------------------------
+    rows = []
+    for k in counts:
+        mux, yamux = f"tp-{k}-mux-nv", f"tp-{k}-yamux-nv"
+        rows.append(run.row(k, ("limit", mux, yamux), ".0f", ((mux, "limit"), (yamux, "limit"), (mux, yamux))))
+    section(
+        run, "Throughput against the limit and yamux",
+        ["64 KiB writes, the bytes counted but not hashed (`--no-verify`, as `iperf3` does), all",
+         "streams over one loopback TCP connection (for K in " + ", ".join(counts) + "):"],
+        ["tp-mux-nv", "tp-yamux-nv"],
+        table(["streams", "limit", "gomux", "yamux", "gomux ÷ limit", "yamux ÷ limit", "gomux ÷ yamux"], rows),
+    )
+    rows = []
+    for k in counts:
+        mux, go, pair = f"tp-{k}-mux", f"tp-{k}-go", f"tp-{k}-go-pair"
+        rows.append(run.row(k, (mux, go, pair), ".0f", ((mux, go), (mux, pair))))
+    section(
+        run, "Throughput against Go gomux",
+        ["64 KiB writes, every byte hashed at both ends, as Go gomux's `bench send` and `bench receive`",
+         "do: the same work on both sides. Go gomux runs as two processes (sender and receiver, the",
+         "speed tool's `go` mode) and as one (`-pair`, both ends in one process, as the Rust rows):"],
+        ["tp-mux", "tp-go", "tp-go-pair"],
+        table(["streams", "gomux", "Go gomux, 2 processes", "Go gomux, 1 process",
+               "gomux ÷ Go (2 proc.)", "gomux ÷ Go (1 proc.)"], rows),
+    )
+
+    # --- Round trip --------------------------------------------------------------------------
+    section(
+        run, "Round trip of 64 bytes",
+        ["A 64-byte message and its echo on one stream, one at a time, both ends in one process; in",
+         "µs (Rust: criterion's estimate)."],
+        ["rtt-rust", "rtt-go"],
+        table(
+            ["", "raw TCP", "gomux", "gomux ÷ raw TCP"],
+            [
+                run.row("Rust (`cargo bench --bench latency`)", ("rtt-rust-tcp", "rtt-rust-gomux"), ".1f",
+                        [("rtt-rust-gomux", "rtt-rust-tcp")]),
+                run.row("Go (`gomux-go-peer bench rtt -pair`)", ("rtt-go-tcp", "rtt-go-gomux"), ".1f",
+                        [("rtt-go-gomux", "rtt-go-tcp")]),
+                run.row("Rust ÷ Go", (), "", [("rtt-rust-tcp", "rtt-go-tcp"), ("rtt-rust-gomux", "rtt-go-gomux")])
+                + [""],
+            ],
+        ),
+    )
+
+    # --- Many streams ------------------------------------------------------------------------
+    n = meta["many-streams"]
+    section(
+        run, "Many streams",
+        [f"{n} idle streams (the memory each stream end takes), then {n} streams each echoing 1 KiB",
+         "beside them; both ends in one process, one loopback TCP connection."],
+        ["many-rust", "many-go"],
+        table(
+            ["", "gomux (`many_streams`)", "Go gomux (`bench many -pair`)", "Go ÷ gomux"],
+            [
+                run.row(f"{n} × 1 KiB echo, ms", ("many-rust-echo", "many-go-echo"), ".0f",
+                        [("many-go-echo", "many-rust-echo")]),
+                run.row("idle stream end, bytes: gomux resident-set growth, Go heap in use",
+                        ("many-rust-idle", "many-go-idle"), ".0f", [("many-go-idle", "many-rust-idle")]),
+                run.row("idle stream end, bytes: resident-set growth", ("many-rust-idle", "many-go-resident"),
+                        ".0f", [("many-go-resident", "many-rust-idle")]),
+            ],
+        ),
+    )
+
+    # --- Redis -------------------------------------------------------------------------------
+    if meta.get("redis") != "true":
+        out("## Redis through the tunnel", "", "Not measured: the run was made with `--no-redis`.", "")
+    else:
+        section(
+            run, "Redis through the tunnel",
+            ["`redis-benchmark` against Redis directly, through two plain TCP relays in a row (the",
+             "same two hops and copying as the tunnel, one TCP connection per client) and through",
+             "the tunnel example, whose entry carries the clients over K gomux connections; each K",
+             "is its own run of the script, once after the rounds. Requests per second:"],
+            ["redis"],
+        )
+        for mode, title in (("-k 1", "Keep-alive connections (`-k 1`)"),
+                            ("-k 0", "A new connection per request (`-k 0`)")):
+            rows = []
+            for k, result in redis_results.items():
+                if isinstance(result, str):
+                    rows.append([k, result, "", "", "", "", ""])
+                    continue
+                for command, direct, relay, tunnel, _ in result.get(mode, []):
+                    rows.append([
+                        k, command, f"{direct:.0f}", f"{relay:.0f}", f"{tunnel:.0f}",
+                        r2(tunnel / relay) if relay > 0 else "–", r2(tunnel / direct) if direct > 0 else "–",
+                    ])
+            out(
+                f"{title}:",
+                "",
+                table(["K", "command", "direct", "relays", "tunnel", "tunnel ÷ relays", "tunnel ÷ direct"],
+                      rows, ["--:", "---", "--:", "--:", "--:", "--:", "--:"]),
+                "",
+            )
+
+    # --- Allocations -------------------------------------------------------------------------
+    section(run, "Allocations", ["Allocations while full Data frames and messages move in steady state:"], ["alloc"])
+    if run.file("alloc.failed") is not None:
+        out("The test failed; the cases it printed:", "")
+    if allocs:
+        out(
+            table(["case", "moved", "allocations", "per unit", "bytes allocated"],
+                  [[c, f"{u} {w}", str(a), f"{p:g}", str(b)] for c, u, w, a, p, b in allocs]),
+            "",
+        )
+    else:
+        out("It printed no figures.", "")
+
+    # --- Profiles ----------------------------------------------------------------------------
+    out(
+        "## What the profiles showed",
+        "",
+        "The symbols that took the most samples themselves (self %, kernel and user space),",
+        "`mux-tcp --no-verify`; both ends are in the one process, so one profile covers both.",
+        "",
+    )
+    for name, title in (("one", "One stream"), ("many", "1000 streams")):
+        out(f"### {title}", "", code_block(run.command("perf-" + name) + "\n" + run.command("perf-report")), "")
+        failed = run.file(f"perf-{name}.failed")
+        report = run.file(f"perf-{name}.txt")
+        if failed is not None or not report:
+            out("No profile: " + (failed or "perf printed nothing").strip().replace("\n", " "), "")
+            continue
+        samples = " ".join((run.file(f"perf-{name}.samples") or "").split())
+        rows = []
+        for line in report.splitlines():
+            parts = line.split(None, 2)
+            if len(parts) < 3:
+                continue
+            symbol = parts[2].strip()
+            if len(symbol) > 110:
+                symbol = symbol[:109] + "…"
+            rows.append([parts[0], f"`{parts[1]}`", "`" + symbol.replace("|", "\\|") + "`"])
+        out((samples + ":") if samples else "", "", table(["self", "object", "symbol"], rows, ["--:", "---", "---"]), "")
+
+    # --- Notes -------------------------------------------------------------------------------
+    if notes:
+        with open(notes) as f:
+            out("## Notes", "", f.read().rstrip(), "")
+
+    # --- Every round -------------------------------------------------------------------------
+    keys = ["limit-iperf3", "limit-tcp", "limit"]
+    for k in counts:
+        keys += [f"tp-{k}-{w}" for w in ("mux-nv", "yamux-nv", "mux", "go", "go-pair")]
+    keys += ["rtt-rust-tcp", "rtt-rust-gomux", "rtt-go-tcp", "rtt-go-gomux", "many-rust-echo",
+             "many-go-echo", "many-rust-idle", "many-go-idle", "many-go-resident"]
+    rows = []
+    for key in keys:
+        rows.append([f"`{key}`"] + [
+            f"{run.values[r, key]:g}" if (r, key) in run.values else "–" for r in range(1, run.rounds + 1)
+        ])
+    out(
+        "## Every round",
+        "",
+        "<details>",
+        "<summary>The figures of each round (throughput in MiB/s, round trips in µs, echo in ms,",
+        "memory in bytes per stream end); keys: <code>tp-K-…</code> is K streams; <code>-nv</code>",
+        "counted without hashing; <code>go</code> two Go processes, <code>go-pair</code> one.</summary>",
+        "",
+        table(["figure"] + [f"round {r}" for r in range(1, run.rounds + 1)], rows),
+        "",
+        "</details>",
+    )
+
+
+if __name__ == "__main__":
+    main()

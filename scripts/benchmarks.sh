@@ -1,0 +1,469 @@
+#!/usr/bin/env bash
+# Every figure of BENCHMARKS.md, measured in one run on this machine, and the file written from
+# them (by scripts/benchmarks.py): nothing in it is copied from an earlier run.
+#
+# Each round measures, one right after the other so that the machine's drift hits them alike:
+#
+# - the transport's limit: `iperf3 -l 1M` over loopback and the speed tool's `tcp` mode without
+#   hashing (examples/speed.rs: one connection, reads and writes of 1 MiB); the better of the
+#   two is the round's limit;
+# - throughput at each stream count with 64 KiB writes, through the speed tool: this crate
+#   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
+#   both ends (`mux-tcp`, against Go gomux doing the same: `--mode go`, sender and receiver in
+#   two Go processes, and `gomux-go-peer bench receive -pair`, both ends in one process, as
+#   the Rust modes run), and yamux without hashing (`yamux-tcp --no-verify`);
+# - the 64-byte round trip: `cargo bench --bench latency` (its raw TCP and gomux rows) against
+#   `gomux-go-peer bench rtt -pair` over gomux and over the raw TCP connection;
+# - 8192 idle streams, then 8192 streams each echoing 1 KiB: examples/many_streams.rs against
+#   `gomux-go-peer bench many -pair`, which does the same work.
+#
+# The order of the rows turns from round to round. After the rounds, once each: Redis through
+# the tunnel example with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), perf profiles
+# of the 1-stream and the 1000-stream transfer, and the allocation counts of tests/alloc.rs.
+#
+# usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
+#   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
+#                  fewer requests, the allocation test's debug build: a check that everything
+#                  runs (for CI), still a complete document
+#   --rounds N     rounds (default 3, about 75 s each here; at least 2 to see the machine move)
+#   --output FILE  where to write the document (default BENCHMARKS.md at the repository root)
+#   --notes FILE   Markdown included as it is under "Notes" (default
+#                  scripts/benchmarks-notes.md; an empty name leaves the section out)
+#   --no-redis     leave out Redis through the tunnel (the document says so)
+#
+# Needs cargo, Go (the `go` command, or /usr/local/go/bin/go) with the Go gomux source beside
+# the clone in ../shared/gomux-go, python3 and iperf3; unless --no-redis, redis-server,
+# redis-cli and redis-benchmark; perf for the profiles (left out, with the reason, when it is
+# missing or not permitted). Installs and downloads nothing. The default run takes about
+# 10 minutes after the builds (the latency bench's first build takes a few minutes more).
+set -euo pipefail
+# A failure inside $(...) fails the script too, not only the last command of the substitution.
+shopt -s inherit_errexit
+
+caller=$PWD
+invocation=$(printf ' %q' "$@")
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+quick=false
+rounds=3
+bytes=2G
+stream_counts="1 10 100 500 1000"
+iperf_seconds=3
+rtt_count=100000
+rtt_criterion=()
+many_streams=8192
+redis=true
+redis_connections="1 2 4"
+redis_requests=20000
+redis_clients=50
+redis_tests=ping,set,get
+profile_bytes_one=8G
+profile_bytes_many=4G
+# The allocation test's build: release, or (--quick) the debug build the tests already made.
+alloc_build=(--release)
+output=$PWD/BENCHMARKS.md
+notes=$PWD/scripts/benchmarks-notes.md
+
+usage() {
+    sed -n '/^# usage:/,/^#   --no-redis/s/^# \{0,1\}//p' "$0"
+}
+
+fail() {
+    echo "benchmarks: $*" >&2
+    exit 1
+}
+
+while (($#)); do
+    case "$1" in
+    --quick)
+        quick=true
+        rounds=1
+        bytes=64M
+        stream_counts="1 100"
+        iperf_seconds=1
+        rtt_count=20000
+        rtt_criterion=(--warm-up-time 1 --measurement-time 1)
+        redis_requests=5000
+        profile_bytes_one=1G
+        profile_bytes_many=512M
+        alloc_build=()
+        ;;
+    --no-redis) redis=false ;;
+    --rounds | --output | --notes)
+        if (($# < 2)); then
+            echo "benchmarks: $1 needs a value" >&2
+            usage >&2
+            exit 2
+        fi
+        # Names given on the command line are relative to where it was typed.
+        case "$1" in
+        --rounds) rounds=$2 ;;
+        --output) output=$(cd "$caller" && realpath -m -- "$2") ;;
+        --notes) notes=${2:+$(cd "$caller" && realpath -m -- "$2")} ;;
+        esac
+        shift
+        ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *)
+        echo "benchmarks: unknown argument $1" >&2
+        usage >&2
+        exit 2
+        ;;
+    esac
+    shift
+done
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "benchmarks: --rounds takes a positive whole number, not $rounds" >&2
+    exit 2
+fi
+if [ -n "$notes" ] && [ ! -f "$notes" ]; then
+    fail "no notes file $notes"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# What is needed, and the builds
+# ---------------------------------------------------------------------------------------------
+
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # the working directory is the repository's root
+require_tools "iperf3 (the transport's limit) and python3 install on Debian/Ubuntu with:
+    apt-get install -y iperf3 python3" cargo python3 iperf3
+if $redis; then
+    require_tools "Redis and its tools install on Debian/Ubuntu with:
+    apt-get install -y redis-server redis-tools
+or leave Redis out with --no-redis" redis-server redis-cli redis-benchmark
+fi
+go=$(command -v go || true)
+if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then
+    go=/usr/local/go/bin/go
+fi
+[ -n "$go" ] || fail "no go command on the PATH or in /usr/local/go/bin"
+[ -f ../shared/gomux-go/mux.go ] || fail "the Go gomux source is not beside the clone (../shared/gomux-go)"
+
+target=${CARGO_TARGET_DIR:-target}
+echo "building (release)..." >&2
+mkdir -p "$target/gomux-go-peer"
+peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
+(cd tests/interop/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local "$go" build -o "$peer" .)
+cargo build --release --example speed --example many_streams >&2
+cargo bench --bench latency --no-run >&2
+speed="$target/release/examples/speed"
+many="$target/release/examples/many_streams"
+"$speed" --help | grep -q -- --no-verify || fail "$speed has no --no-verify option"
+
+# Every figure goes into this file as "round key value", one per line; facts about the run
+# (the machine, the commands) into meta as "key<TAB>value"; longer output into files beside.
+results=$work/results
+meta_file=$work/meta
+: >"$results"
+: >"$meta_file"
+record() {
+    echo "$1 $2 $3" >>"$results"
+}
+meta() {
+    local key=$1
+    shift
+    printf '%s\t%s\n' "$key" "$*" >>"$meta_file"
+}
+# The command a measurement runs, as the document shows it (K standing for the stream count).
+shown() {
+    local key=$1 text
+    shift
+    text=$*
+    meta "command-$key" "${text//$PWD\//}"
+}
+
+# What the last measurement printed on stderr, shown if it fails.
+errors=$work/stderr.txt
+
+# Runs a measurement with its stderr (progress lines) kept aside, and shows the end of it if
+# the measurement fails.
+quietly() {
+    if ! "$@" 2>"$errors"; then
+        echo "benchmarks: failed: $*" >&2
+        tr '\r' '\n' <"$errors" | grep -v "^ *$" | tail -12 >&2
+        return 1
+    fi
+}
+
+# Fails the script when a measurement printed nothing it could read.
+need() {
+    [ -n "$2" ] || fail "no figure from $1"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The measurements
+# ---------------------------------------------------------------------------------------------
+
+# The row of the speed tool's output for one mode: its MiB/s.
+speed_rate() {
+    local mode=$1 streams=$2 out
+    shift 2
+    out=$(quietly "$speed" --mode "$mode" --streams "$streams" --bytes "$bytes" "$@")
+    if grep -q '^# go: skipped' <<<"$out"; then
+        fail "$(grep '^# go: skipped' <<<"$out")"
+    fi
+    awk -v mode="$mode" '$1 == mode { print $5 }' <<<"$out"
+}
+shown tp-mux-nv "$speed --mode mux-tcp --no-verify --streams K --bytes $bytes"
+shown tp-mux "$speed --mode mux-tcp --streams K --bytes $bytes"
+shown tp-go "$speed --mode go --streams K --bytes $bytes"
+shown tp-yamux-nv "$speed --mode yamux-tcp --no-verify --streams K --bytes $bytes"
+
+# Go gomux with both ends in one process: MiB/s, once the digests of both ends agree.
+go_pair_rate() {
+    local streams=$1 out sent received
+    out=$(quietly "$peer" bench receive -pair -progress 0 -streams "$streams" -bytes "$bytes")
+    sent=$(awk '/^sent / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
+    received=$(awk '/^received / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
+    if [ -z "$sent" ] || [ "$sent" != "$received" ]; then
+        fail "Go transfer with $streams streams: sent $sent, received $received"
+    fi
+    awk '/^received / {
+        for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        printf "%.1f\n", v["bytes"] / 1048576 / v["seconds"]
+    }' <<<"$out"
+}
+shown tp-go-pair "$peer bench receive -pair -progress 0 -streams K -bytes $bytes"
+
+# The transport's limit as iperf3 measures it: MiB/s received, over one loopback connection
+# with 1 MiB writes, against the server started below.
+iperf_rate() {
+    quietly iperf3 -c 127.0.0.1 -p "$iperf_port" -l 1M -t "$iperf_seconds" -J | python3 -c '
+import json, sys
+print("%.1f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8 / 2**20))'
+}
+shown limit-iperf3 "iperf3 -c 127.0.0.1 -p PORT -l 1M -t $iperf_seconds -J (against iperf3 -s -p PORT)"
+shown limit-tcp "$speed --mode tcp --no-verify --streams 1 --bytes $bytes"
+
+# The Rust round trips: criterion's estimate for its raw TCP and gomux rows, in µs, as
+# "tcp X" and "gomux Y" lines. The "time:" under "change:" is the change from the last run.
+rust_rtt() {
+    quietly cargo bench --bench latency -- "${rtt_criterion[@]}" 'latency/(tcp|gomux-tcp)$' | awk '
+        /^latency\// { name = $1 }
+        /change:/ { name = "" }
+        /time:/ && name != "" {
+            for (i = 1; i <= NF; i++) if ($i == "time:") break
+            value = $(i + 3); unit = $(i + 4)
+            if (unit == "ns") value /= 1000
+            else if (unit == "ms") value *= 1000
+            sub(/^latency\//, "", name); sub(/-tcp$/, "", name)
+            print name, value
+            name = ""
+        }'
+}
+shown rtt-rust "cargo bench --bench latency -- ${rtt_criterion[*]}${rtt_criterion[*]:+ }'latency/(tcp|gomux-tcp)\$'"
+
+# The Go round trip in µs, over gomux or (with -raw) over the TCP connection itself.
+go_rtt() {
+    quietly "$peer" bench rtt -pair -count "$rtt_count" -warmup 5000 "$@" | awk '/^rtt:/ { print $8 }'
+}
+shown rtt-go "$peer bench rtt -pair -count $rtt_count -warmup 5000 [-raw]"
+
+# "echo MS" and "idle BYTES" from many_streams' last lines, and the Go peer's (with "resident").
+rust_many() {
+    quietly "$many" --streams "$many_streams" | awk '
+        /^echo: .* in [0-9]+ ms$/ { print "echo", $(NF - 1) }
+        /^idle:/ { print "idle", $4 }'
+}
+go_many() {
+    quietly "$peer" bench many -pair -streams "$many_streams" | awk '
+        /^echo:/ { print "echo", $(NF - 1) }
+        /^idle:/ { r = $NF; sub(/\)$/, "", r); print "idle", $4; print "resident", r }'
+}
+shown many-rust "$many --streams $many_streams"
+shown many-go "$peer bench many -pair -streams $many_streams"
+
+# Runs "$@" for each word of the list given first, starting from the round's turn, so that
+# every row is measured first in some round and last in another.
+rotated() {
+    local round=$1 list n i
+    read -r -a list <<<"$2"
+    shift 2
+    n=${#list[@]}
+    for ((i = 0; i < n; i++)); do
+        "$@" "${list[$(((i + round) % n))]}"
+    done
+}
+
+limit_row() {
+    local round=$1 what=$2 rate
+    case $what in
+    iperf3) rate=$(iperf_rate) ;;
+    tcp) rate=$(speed_rate tcp 1 --no-verify) ;;
+    esac
+    need "the limit ($what)" "$rate"
+    echo "  limit, $what: $rate MiB/s" >&2
+    record "$round" "limit-$what" "$rate"
+}
+
+throughput_row() {
+    local round=$1 streams=$2 what=$3 rate
+    case $what in
+    mux-nv) rate=$(speed_rate mux-tcp "$streams" --no-verify) ;;
+    mux) rate=$(speed_rate mux-tcp "$streams") ;;
+    go) rate=$(speed_rate go "$streams") ;;
+    go-pair) rate=$(go_pair_rate "$streams") ;;
+    yamux-nv) rate=$(speed_rate yamux-tcp "$streams" --no-verify) ;;
+    esac
+    need "$what with $streams streams" "$rate"
+    echo "  $streams streams, $what: $rate MiB/s" >&2
+    record "$round" "tp-$streams-$what" "$rate"
+}
+
+rtt_row() {
+    local round=$1 what=$2 key value out
+    case $what in
+    rust)
+        out=$(rust_rtt)
+        need "cargo bench --bench latency" "$out"
+        while read -r key value; do
+            record "$round" "rtt-rust-$key" "$value"
+            echo "  round trip, Rust $key: $value µs" >&2
+        done <<<"$out"
+        ;;
+    go)
+        value=$(go_rtt)
+        need "gomux-go-peer bench rtt" "$value"
+        record "$round" rtt-go-gomux "$value"
+        echo "  round trip, Go gomux: $value µs" >&2
+        value=$(go_rtt -raw)
+        need "gomux-go-peer bench rtt -raw" "$value"
+        record "$round" rtt-go-tcp "$value"
+        echo "  round trip, Go raw TCP: $value µs" >&2
+        ;;
+    esac
+}
+
+many_row() {
+    local round=$1 what=$2 key value out
+    out=$("${what}_many")
+    need "the $what many-streams run" "$out"
+    while read -r key value; do
+        record "$round" "many-$what-$key" "$value"
+        echo "  $many_streams streams, $what $key: $value" >&2
+    done <<<"$out"
+}
+
+# Redis through the tunnel with K gomux connections: redis-tunnel.sh's whole output, or why
+# there is none, in redis-K.txt (read by the renderer).
+redis_run() {
+    local k=$1 command=(scripts/redis-tunnel.sh --requests "$redis_requests"
+        --clients "$redis_clients" --tests "$redis_tests")
+    if ((k > 1)); then
+        command+=(--connections "$k")
+    fi
+    echo "Redis through the tunnel, $k connection(s) ($(date -u +%H:%M:%S))" >&2
+    if ((k > 1)) && ! grep -q -- --connections <<<"$redis_help"; then
+        echo "not measured: scripts/redis-tunnel.sh needs a --connections option" \
+            "for more than one gomux connection" >"$work/redis-$k.failed"
+        return 0
+    fi
+    if ! "${command[@]}" >"$work/redis-$k.txt" 2>"$work/redis-$k.err"; then
+        {
+            echo "failed: ${command[*]}"
+            tr '\r' '\n' <"$work/redis-$k.err" | grep -v '^ *$' | tail -5
+        } >"$work/redis-$k.failed"
+        cat "$work/redis-$k.failed" >&2
+    fi
+}
+
+# perf record of one transfer, and the symbols that took the most samples themselves, in
+# perf-NAME.txt; or why there is no profile, in perf-NAME.failed.
+profile() {
+    local name=$1 streams=$2 size=$3 data=$work/perf-$1.data
+    local run=("$speed" --mode mux-tcp --no-verify --streams "$streams" --bytes "$size")
+    local report=(perf report -i "$data" --no-children -F "overhead,dso,sym" --stdio -g none
+        --percent-limit 0.5)
+    echo "profile: $streams stream(s) ($(date -u +%H:%M:%S))" >&2
+    shown "perf-$name" "perf record -g -o perf.data -- ${run[*]}"
+    shown perf-report "${report[*]/#$data/perf.data}"
+    if ! command -v perf >/dev/null; then
+        echo "perf is not installed (Debian: apt-get install -y linux-perf)" >"$work/perf-$name.failed"
+        return 0
+    fi
+    if ! perf record -g -o "$data" -- "${run[@]}" >/dev/null 2>"$work/perf-$name.err"; then
+        {
+            echo "perf record failed (kernel.perf_event_paranoid is" \
+                "$(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null || echo unknown)):"
+            tr '\r' '\n' <"$work/perf-$name.err" | grep -v '^ *$' | grep -v 'MiB/s' | head -5
+        } >"$work/perf-$name.failed"
+        cat "$work/perf-$name.failed" >&2
+        return 0
+    fi
+    "${report[@]}" >"$work/perf-$name.report" 2>/dev/null
+    grep -v '^#' "$work/perf-$name.report" | grep -v '^ *$' | head -n 12 >"$work/perf-$name.txt"
+    sed -n 's/^# \(Samples: .*\)/\1/p' "$work/perf-$name.report" >"$work/perf-$name.samples"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+iperf_port=$(free_port)
+iperf3 -s -p "$iperf_port" --forceflush >"$work/iperf3-server.log" 2>&1 &
+pids+=($!)
+await_log "$work/iperf3-server.log" "Server listening"
+
+meta started "$(date -u '+%Y-%m-%d %H:%M:%S')"
+meta load-start "$(cut -d' ' -f1-3 /proc/loadavg)"
+meta command "scripts/benchmarks.sh$invocation"
+meta quick "$quick"
+meta rounds "$rounds"
+meta bytes "$bytes"
+meta streams "$stream_counts"
+meta many-streams "$many_streams"
+meta commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# Uncommitted changes to tracked files, the document being written aside.
+dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | awk '{ print $NF }' |
+    grep -vxF "$(realpath --relative-to=. "$output")" || true)
+meta dirty "$(tr '\n' ' ' <<<"$dirty")"
+meta cpu "$(lscpu 2>/dev/null | awk -F: '/^Model name/ { sub(/^ +/, "", $2); print $2; exit }')"
+meta cores "$(nproc)"
+meta memory "$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
+meta kernel "$(uname -r)"
+meta rustc "$(rustc --version)"
+meta go "$("$go" version)"
+meta iperf3 "$(iperf3 --version | head -n 1)"
+
+for ((round = 1; round <= rounds; round++)); do
+    echo "round $round of $rounds ($(date -u +%H:%M:%S))" >&2
+    rotated "$round" "iperf3 tcp" limit_row "$round"
+    for streams in $stream_counts; do
+        rotated "$round" "mux-nv mux go go-pair yamux-nv" throughput_row "$round" "$streams"
+    done
+    rotated "$round" "rust go" rtt_row "$round"
+    rotated "$round" "rust go" many_row "$round"
+done
+meta rounds-finished "$(date -u '+%H:%M:%S')"
+
+meta redis "$redis"
+if $redis; then
+    meta redis-version "$(redis-server --version)"
+    meta redis-connections "$redis_connections"
+    meta command-redis "scripts/redis-tunnel.sh --requests $redis_requests --clients $redis_clients --tests $redis_tests [--connections K]"
+    redis_help=$(scripts/redis-tunnel.sh --help)
+    for k in $redis_connections; do
+        redis_run "$k"
+    done
+fi
+
+profile one 1 "$profile_bytes_one"
+profile many 1000 "$profile_bytes_many"
+
+alloc_test=(cargo test "${alloc_build[@]}" --test alloc -- --nocapture)
+echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2
+shown alloc "${alloc_test[*]}"
+if ! "${alloc_test[@]}" >"$work/alloc.txt" 2>"$work/alloc.err"; then
+    echo "failed" >"$work/alloc.failed"
+fi
+
+meta finished "$(date -u '+%H:%M:%S')"
+meta load-end "$(cut -d' ' -f1-3 /proc/loadavg)"
+
+python3 scripts/benchmarks.py "$work" "$notes" >"$output.tmp"
+mv "$output.tmp" "$output"
+echo "benchmarks: wrote $output" >&2
