@@ -276,7 +276,7 @@ impl Inner {
             // reader, is what limits the stream.
             let low = stream.buffer.len() <= target / 4;
             let grow = stream.tuner.on_read(low, min_rtt, micros);
-            let due = stream.window.update_due(stream.buffer.is_empty());
+            let due = stream.window.update_due();
             let peer_may_send = stream.peer_may_send();
             self.count_buffered(-(count as i64));
             if !ended && peer_may_send {
@@ -319,7 +319,7 @@ impl Inner {
                 "receive window grown"
             );
         }
-        if stream.window.update_due(stream.buffer.is_empty()) {
+        if stream.window.update_due() {
             self.queue_credit(key);
         }
     }
