@@ -3,12 +3,16 @@
 //! The protocol gives each direction of a stream [`INITIAL_WINDOW`] bytes of credit. A sender
 //! spends credit with Data frames and the receiver returns it with WindowUpdate frames. The Go
 //! sender waits until a whole chunk (up to 64 KiB) fits in its credit, so a receiver must return
-//! every consumed byte once its buffer is empty, or the Go sender stalls for good.
+//! what was consumed as soon as the credit the sender holds falls below one such chunk, or the Go
+//! sender waits (for good, if the reader has nothing left to read).
 //!
 //! A fixed window caps a stream at one window per round trip. [`Tuner`] notices when that cap is
 //! what limits a stream and lets the session grow its window, see there.
 
-use crate::frame::{INITIAL_WINDOW, MAX_LENGTH_FIELD};
+use crate::frame::{INITIAL_WINDOW, MAX_LENGTH_FIELD, MAX_PAYLOAD};
+
+/// The largest chunk a Go sender waits to have credit for.
+const ONE_PAYLOAD: u32 = MAX_PAYLOAD as u32;
 
 /// The receive side: how much the peer may still send, and how much this side owes back.
 ///
@@ -54,11 +58,16 @@ impl RecvWindow {
         self.owed = self.owed.saturating_add(len);
     }
 
-    /// Whether a WindowUpdate is due: something is owed and either the stream's buffer is empty
-    /// (so a Go sender waiting for a whole chunk can go on) or half the window is owed (so a fast
-    /// reader keeps the sender busy without a frame per read).
-    pub(crate) fn update_due(&self, buffer_empty: bool) -> bool {
-        self.owed > 0 && (buffer_empty || self.owed >= self.target / 2)
+    /// Whether a WindowUpdate is due: something is owed, and either half the window is owed (so
+    /// the sender never runs dry while the reader keeps up) or the peer holds less credit than
+    /// one maximal payload and what is owed makes it whole (so a Go sender, which waits for
+    /// credit for a whole chunk, goes on at once; the stream's buffer is then nearly or wholly
+    /// empty). Otherwise the credit waits: a reader that drains a large window promptly costs a
+    /// WindowUpdate, and a wake-up of the driver, per half window rather than per read.
+    pub(crate) fn update_due(&self) -> bool {
+        self.owed > 0
+            && (self.owed >= self.target / 2
+                || (self.granted < ONE_PAYLOAD && self.granted + self.owed >= ONE_PAYLOAD))
     }
 
     /// Takes the credit to announce in one WindowUpdate (at most the 24-bit field), counting it
@@ -222,36 +231,60 @@ mod tests {
     }
 
     #[test]
-    fn consumed_credit_is_returned_once_the_buffer_is_empty() {
+    fn consumed_credit_is_returned_once_the_peer_cannot_send_a_whole_payload() {
+        let mut window = RecvWindow::new(4 * INITIAL_WINDOW);
+        assert_eq!(window.take_update(), Some(3 * INITIAL_WINDOW));
+        window.receive(1000).expect("within credit");
+        window.consume(1000);
+        assert!(
+            !window.update_due(),
+            "the peer still holds more than a payload's credit"
+        );
+        window
+            .receive(3 * INITIAL_WINDOW - 999)
+            .expect("within credit");
+        assert_eq!(window.peer_credit(), INITIAL_WINDOW - 1);
+        window.consume(10);
+        assert!(
+            window.update_due(),
+            "the peer holds less than a payload: what was read goes back"
+        );
+        assert_eq!(window.take_update(), Some(1010));
+        assert_eq!(window.take_update(), None);
+        assert!(!window.update_due());
+    }
+
+    #[test]
+    fn the_initial_window_is_returned_once_the_buffer_is_empty() {
+        // One payload is the whole window: the peer can send a whole chunk again only once
+        // nothing is buffered, and small reads with data left send nothing.
         let mut window = RecvWindow::new(INITIAL_WINDOW);
         window.receive(1000).expect("within credit");
         window.consume(10);
-        assert!(!window.update_due(false), "small reads with data left wait");
-        assert!(
-            window.update_due(true),
-            "an empty buffer returns everything"
-        );
-        assert_eq!(window.take_update(), Some(10));
-        assert_eq!(window.take_update(), None);
+        assert!(!window.update_due(), "small reads with data left wait");
         window.consume(990);
-        assert!(window.update_due(true));
-        assert_eq!(window.take_update(), Some(990));
+        assert!(window.update_due(), "an empty buffer returns everything");
+        assert_eq!(window.take_update(), Some(1000));
+        assert_eq!(window.take_update(), None);
         // Every byte is back: the peer may send a full window again.
         assert_eq!(window.receive(INITIAL_WINDOW), Ok(()));
     }
 
     #[test]
-    fn half_a_window_owed_is_returned_even_with_data_buffered() {
-        let mut window = RecvWindow::new(INITIAL_WINDOW);
-        window.receive(INITIAL_WINDOW).expect("within credit");
-        window.consume(INITIAL_WINDOW / 2);
-        assert!(window.update_due(false));
+    fn half_a_window_owed_is_returned_even_with_credit_left() {
+        let mut window = RecvWindow::new(8 * INITIAL_WINDOW);
+        assert_eq!(window.take_update(), Some(7 * INITIAL_WINDOW));
+        window.receive(4 * INITIAL_WINDOW).expect("within credit");
+        window.consume(4 * INITIAL_WINDOW - 1);
+        assert!(!window.update_due(), "less than half owed, credit left");
+        window.consume(1);
+        assert!(window.update_due(), "half the window owed");
     }
 
     #[test]
     fn a_larger_window_is_announced_up_front() {
         let mut window = RecvWindow::new(1 << 20);
-        assert!(window.update_due(true));
+        assert!(window.update_due());
         assert_eq!(window.take_update(), Some((1 << 20) - INITIAL_WINDOW));
         assert_eq!(window.receive(1 << 20), Ok(()));
         assert_eq!(window.receive(1), Err(0));

@@ -85,10 +85,11 @@
 //! # Flow control
 //!
 //! Each direction of each stream has a credit window, 64 KiB at the start. A writer waits when
-//! its credit is spent; the reader returns credit as the application reads, at the latest when
-//! the stream's buffer is empty (so a Go sender, which waits for room for a whole 64 KiB chunk,
-//! never stalls). A stream that is not read therefore holds at most its window, and never
-//! stops the others.
+//! its credit is spent; the reader returns credit as the application reads: once half the
+//! window is owed, or as soon as the sender holds less than a whole 64 KiB chunk of credit and
+//! what was read makes one up (a Go sender waits for room for a whole chunk; with the initial
+//! window that is when the stream's buffer is empty). A stream that is not read therefore holds
+//! at most its window, and never stops the others.
 //!
 //! A fixed 64 KiB window carries at most 64 KiB per round trip (1.6 MB/s at 40 ms). So windows
 //! tune themselves: a stream whose window, rather than its reader or the link, limits it gets

@@ -16,6 +16,7 @@
 //!
 //! One mutex guards it all, and it is never held across an `.await` or a transport call.
 
+mod id_hash;
 mod lifecycle;
 mod outgoing;
 mod recv;
@@ -25,13 +26,14 @@ mod slab;
 mod stream_state;
 mod wait_list;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 
 use bytes::BytesMut;
 use tokio::time::Instant;
 
+use self::id_hash::IdMap;
 use self::lifecycle::Lifecycle;
 pub(crate) use self::outgoing::Batch;
 use self::outgoing::Outgoing;
@@ -88,15 +90,17 @@ pub(crate) struct Inner {
     pub(crate) role: Role,
     pub(crate) config: Config,
     streams: Slab<StreamState>,
-    /// Wire id → slab key, for every stream that has state.
-    ids: HashMap<u32, usize>,
+    /// Wire id → slab key, for every stream that has state. The key is kept in 32 bits, which
+    /// makes an entry half as large (the map is a good part of what an idle stream costs): each
+    /// stream with state has its own 32-bit id, so the slab never holds more than 2^32 of them.
+    ids: IdMap<u32, u32>,
     next_id: u32,
     /// Inbound streams waiting for `accept`, and the tasks waiting there.
     accept_queue: VecDeque<usize>,
     accept_waiters: WaitList,
     /// The task waiting in `stopped()` on a stream, by stream key: few streams have one, so
     /// it is kept here rather than in every stream's state.
-    stop_waiters: HashMap<usize, Option<Waker>>,
+    stop_waiters: IdMap<usize, Option<Waker>>,
     out: Outgoing,
     life: Lifecycle,
     /// The driver's waker, taken by whoever gives it something to do.
@@ -126,11 +130,11 @@ impl Inner {
             id: next_session_id(),
             role,
             streams: Slab::new(),
-            ids: HashMap::new(),
+            ids: IdMap::default(),
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
-            stop_waiters: HashMap::new(),
+            stop_waiters: IdMap::default(),
             out: Outgoing::new(),
             life: Lifecycle::new(),
             driver_waker: None,

@@ -43,7 +43,7 @@ impl Inner {
     }
 
     fn stream_by_id(&mut self, id: u32) -> Option<&mut StreamState> {
-        let key = *self.ids.get(&id)?;
+        let key = self.key_of(id)?;
         self.streams.get_mut(key)
     }
 
@@ -56,7 +56,7 @@ impl Inner {
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
         let (micros, min_rtt) = (self.micros(now), self.min_rtt);
-        let Some(stream) = self.ids.get(&id).and_then(|&key| self.streams.get_mut(key)) else {
+        let Some(stream) = self.key_of(id).and_then(|key| self.streams.get_mut(key)) else {
             return Ok(()); // Unknown or closed: races with a local close.
         };
         if stream.recv == RecvState::PeerShut {
@@ -170,7 +170,7 @@ impl Inner {
     }
 
     fn on_peer_close(&mut self, id: u32, wakers: &mut Vec<Waker>, apply: fn(&mut StreamState)) {
-        let Some(&key) = self.ids.get(&id) else {
+        let Some(key) = self.key_of(id) else {
             return;
         };
         let Some(stream) = self.streams.get_mut(key) else {
@@ -190,8 +190,14 @@ impl Inner {
     pub(super) fn insert_stream(&mut self, id: u32) -> usize {
         let stream = StreamState::new(id, self.config.receive_window);
         let key = self.streams.insert(stream);
-        self.ids.insert(id, key);
+        // Every stream with state has its own 32-bit id, so the slab's keys fit in 32 bits.
+        self.ids.insert(id, key as u32);
         key
+    }
+
+    /// The slab key of the stream with wire id `id`, if it has state.
+    fn key_of(&self, id: u32) -> Option<usize> {
+        self.ids.get(&id).map(|&key| key as usize)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -276,7 +282,7 @@ impl Inner {
             // reader, is what limits the stream.
             let low = stream.buffer.len() <= target / 4;
             let grow = stream.tuner.on_read(low, min_rtt, micros);
-            let due = stream.window.update_due(stream.buffer.is_empty());
+            let due = stream.window.update_due();
             let peer_may_send = stream.peer_may_send();
             self.count_buffered(-(count as i64));
             if !ended && peer_may_send {
@@ -319,7 +325,7 @@ impl Inner {
                 "receive window grown"
             );
         }
-        if stream.window.update_due(stream.buffer.is_empty()) {
+        if stream.window.update_due() {
             self.queue_credit(key);
         }
     }

@@ -12,9 +12,11 @@
 //! is cheap, and it only happens when memory, not speed, is what is at stake. Guarded by
 //! `tests/core_findings_b.rs` (`unread_large_frames_do_not_pin_read_buffers_many_times_their_size`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
+
+use super::id_hash::IdMap;
 
 /// Payloads at least this long are kept as slices of the read buffer; shorter ones are copied,
 /// so that a few small unread frames do not pin many large read buffers between compactions.
@@ -44,7 +46,7 @@ pub(crate) struct Source {
 #[derive(Default)]
 pub(super) struct PinLedger {
     /// Generation → (slices pointing into it, its capacity).
-    buffers: HashMap<u32, (u32, usize)>,
+    buffers: IdMap<u32, (u32, usize)>,
     /// The capacities of those buffers, added up.
     pinned: usize,
 }

@@ -170,6 +170,28 @@ fn credit_is_returned_when_the_reader_empties_the_buffer() {
 }
 
 #[test]
+fn credit_waits_while_the_peer_holds_more_than_a_payload_and_less_than_half_is_owed() {
+    let mut core = Core::new(Role::Server, Config::default().receive_window(1 << 20));
+    let key = core.accepted(0);
+    let announced = (1 << 20) - 65_536;
+    assert_eq!(
+        core.sent(),
+        vec![Header {
+            id: 0,
+            length: announced,
+            kind: Kind::WindowUpdate
+        }]
+    );
+    core.frame(Frame::data(0, vec![7; 3000]))
+        .expect("in credit");
+    assert_eq!(core.read(key, 4000), 3000);
+    assert!(
+        core.sent().is_empty(),
+        "the peer still holds nearly the whole window: no update for a drained buffer"
+    );
+}
+
+#[test]
 fn writes_never_exceed_credit_and_use_partial_credit() {
     let mut core = Core::new(Role::Client, Config::default());
     let (key, id) = core.open();
