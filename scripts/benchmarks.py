@@ -387,15 +387,17 @@ def main():
         for mode, title in (("-k 1", "Keep-alive connections (`-k 1`)"),
                             ("-k 0", "A new connection per request (`-k 0`)")):
             rows = []
+            means = []
             for k, result in redis_results.items():
                 if isinstance(result, str):
                     rows.append([k, result, "", "", "", "", ""])
                     continue
-                for command, direct, relay, tunnel, _ in result.get(mode, []):
-                    rows.append([
-                        k, command, f"{direct:.0f}", f"{relay:.0f}", f"{tunnel:.0f}",
-                        r2(tunnel / relay) if relay > 0 else "–", r2(tunnel / direct) if direct > 0 else "–",
-                    ])
+                lines = [line for line in result.get(mode, []) if line[1] > 0 and line[2] > 0]
+                for command, direct, relay, tunnel, _ in lines:
+                    rows.append([k, command, f"{direct:.0f}", f"{relay:.0f}", f"{tunnel:.0f}",
+                                 r2(tunnel / relay), r2(tunnel / direct)])
+                if lines:
+                    means.append(f"K = {k}: {r2(geometric_mean([t / r for _, _, r, t, _ in lines]))}")
             out(
                 f"{title}:",
                 "",
@@ -403,6 +405,8 @@ def main():
                       rows, ["--:", "---", "--:", "--:", "--:", "--:", "--:"]),
                 "",
             )
+            if means:
+                out("Geometric mean of tunnel ÷ relays over the commands: " + "; ".join(means) + ".", "")
 
     # --- Allocations -------------------------------------------------------------------------
     section(run, "Allocations", ["Allocations while full Data frames and messages move in steady state:"], ["alloc"])
