@@ -41,7 +41,10 @@ set -euo pipefail
 shopt -s inherit_errexit
 
 caller=$PWD
-invocation=$(printf ' %q' "$@")
+invocation=""
+if (($#)); then
+    invocation=$(printf ' %q' "$@")
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 quick=false
