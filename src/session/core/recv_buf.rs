@@ -121,6 +121,8 @@ pub(super) struct RecvBuffer {
     tail: BytesMut,
     /// Bytes in `chunks` and `tail` together.
     len: u32,
+    /// Whether a short payload was ever copied into `tail`: see `copy_to_tail`.
+    copied_before: bool,
 }
 
 impl RecvBuffer {
@@ -129,6 +131,7 @@ impl RecvBuffer {
             chunks: VecDeque::new(),
             tail: BytesMut::new(),
             len: 0,
+            copied_before: false,
         }
     }
 
@@ -168,7 +171,17 @@ impl RecvBuffer {
                     self.tail = spare;
                 }
             }
-            self.tail.reserve(payload.len().max(TAIL_MIN));
+            // A stream's first short payload gets a buffer of its own size, later ones at least
+            // `TAIL_MIN`: thousands of streams receiving one short message each then do not
+            // touch a fresh page each (page faults were a fifth of the 8192-stream echo's
+            // profile), and a stream that keeps receiving still appends many to one buffer.
+            let room = if self.copied_before {
+                payload.len().max(TAIL_MIN)
+            } else {
+                payload.len()
+            };
+            self.copied_before = true;
+            self.tail.reserve(room);
         }
         self.tail.extend_from_slice(payload);
     }
@@ -334,7 +347,35 @@ mod tests {
         drop(read_buffer);
         assert_eq!(ledger.pinned(), 0);
         assert_eq!(stream.len(), 100);
-        assert_eq!(&stream.take_chunk(usize::MAX, &mut ledger)[..], &[4; 100][..]);
+        assert_eq!(
+            &stream.take_chunk(usize::MAX, &mut ledger)[..],
+            &[4; 100][..]
+        );
+    }
+
+    #[test]
+    fn a_first_short_payload_takes_its_own_size_and_later_ones_share_a_larger_buffer() {
+        let (mut ledger, mut pool) = (PinLedger::default(), Vec::new());
+        let mut stream = RecvBuffer::new();
+        let message = [5; 1000];
+        stream.push(
+            Payload::Borrowed(&message),
+            source(1),
+            &mut pool,
+            &mut ledger,
+        );
+        assert!(
+            stream.tail.capacity() < 2 * message.len(),
+            "sized to the message"
+        );
+        stream.push(
+            Payload::Borrowed(&message),
+            source(1),
+            &mut pool,
+            &mut ledger,
+        );
+        assert!(stream.tail.capacity() >= TAIL_MIN, "grown for more");
+        assert_eq!(stream.len(), 2000);
     }
 
     #[test]
