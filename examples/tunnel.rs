@@ -1052,7 +1052,10 @@ impl Dialled {
             biased;
             () = shutdown.begin.cancelled() => {}
             live = self.pool.fill() => {
-                info!(live, connections = self.pool.size(), "connections to the exit made");
+                // Those that failed have said so; clients bring the next attempts.
+                if live > 0 {
+                    info!(live, connections = self.pool.size(), "connections to the exit made");
+                }
                 shutdown.begin.cancelled().await;
             }
         }
