@@ -1,5 +1,5 @@
-//! A TCP port forwarder that carries every forwarded connection over one gomux connection,
-//! forward or reverse, to a fixed target or as a SOCKS5 proxy.
+//! A TCP port forwarder that carries every forwarded connection over one gomux connection (or
+//! a few, `--connections K`), forward or reverse, to a fixed target or as a SOCKS5 proxy.
 //!
 //! Two programs in one: the *entry* listens where clients connect, and the *exit* runs near the
 //! service they want to reach (the *target*). Between the two there is a single TCP connection,
@@ -19,6 +19,20 @@
 //! cargo run --release --example tunnel -- entry --listen 127.0.0.1:7000 --exit 127.0.0.1:7001
 //! redis-cli -p 7000 PING
 //! ```
+//!
+//! # Several connections: `--connections K`
+//!
+//! A gomux connection is driven by one task at each end, so one connection keeps at most one
+//! core busy on each side. With `entry --exit ADDR --connections K` the entry keeps K
+//! connections to the exit instead of one (a `gomux::Pool`), and carries each new client over
+//! the one with the fewest clients at that moment; the exit serves every connection an entry
+//! makes, K of them as well as one. The K connections are made when the entry starts; one
+//! that is lost is dialled again when the next client comes (clients go to the others
+//! meanwhile), with the same backoff as a single connection. A client stays on its connection
+//! for its whole life: losing a connection closes the clients it carried, and only those.
+//!
+//! In the reverse direction the exit dials, and the entry carries new clients over the latest
+//! connection an exit made, so `--connections` is refused with `--accept-exit`.
 //!
 //! # Reverse: the exit dials the entry
 //!
@@ -65,7 +79,8 @@
 //!   else.
 //! - When the gomux connection itself dies, every client connection it carried is closed, and
 //!   the dialling end dials again, waiting longer after each failed attempt (exponential
-//!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while.
+//!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while
+//!   (with `--connections K`, they go to the other connections while there are any).
 //!
 //! # Shutting down
 //!
@@ -100,6 +115,7 @@
 //! the difference between them is what carrying every client over one multiplexed connection
 //! costs (`scripts/redis-tunnel.sh` measures both).
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::io::{self, IsTerminal};
@@ -107,7 +123,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -115,7 +131,7 @@ use fast_socks5::server::Socks5ServerProtocol;
 use fast_socks5::util::target_addr::TargetAddr;
 use fast_socks5::{ReplyError, Socks5Command};
 use gomux::stream::Stopped;
-use gomux::{Config, Error, Role, Session, Stream};
+use gomux::{Config, Error, Pool, PooledSession, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -124,7 +140,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
 const USAGE: &str = "\
-usage: tunnel entry --listen ADDR (--exit ADDR | --accept-exit ADDR) [--drain SECONDS]
+usage: tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
+                    [--drain SECONDS]
        tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks) [--drain SECONDS]
        tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
 
@@ -133,6 +150,8 @@ connection to the exit; the exit connects each stream onwards.
 
 entry  --listen ADDR       accept TCP clients on ADDR
        --exit ADDR         dial the exit at ADDR, and again whenever the connection is lost
+       --connections K     with --exit: keep K connections to the exit (default 1), each
+                           client carried by the one with the fewest
        --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
                            new clients)
 exit   --listen ADDR       accept gomux connections from entries on ADDR
@@ -149,6 +168,10 @@ all    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and giv
                            second Ctrl-C cuts them at once, a third exits at once
 
 RUST_LOG sets the log filter (default: info).";
+
+/// The most connections `--connections` may ask for: far more than there are cores to use,
+/// few enough that a typo does not open thousands of connections to the exit.
+const MAX_CONNECTIONS: usize = 64;
 
 /// How long the connections being relayed get to finish once a shutdown begins, unless
 /// `--drain` says otherwise.
@@ -196,9 +219,20 @@ pub struct Args {
 /// What the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
-    Entry { listen: String, exit: Via },
-    Exit { entry: Via, target: TargetArg },
-    Relay { listen: String, target: String },
+    Entry {
+        listen: String,
+        exit: Via,
+        /// Connections to keep to the exit, when the entry dials it.
+        connections: usize,
+    },
+    Exit {
+        entry: Via,
+        target: TargetArg,
+    },
+    Relay {
+        listen: String,
+        target: String,
+    },
 }
 
 /// How an end makes its gomux connection, as given on the command line.
@@ -333,7 +367,11 @@ impl Signals {
 /// has shut down.
 async fn run(command: Command, shutdown: Shutdown) -> Result<ShutdownReport, Box<dyn StdError>> {
     Ok(match command {
-        Command::Entry { listen, exit } => {
+        Command::Entry {
+            listen,
+            exit,
+            connections,
+        } => {
             let clients = bind(&listen).await?;
             let listen = clients.local_addr()?;
             let exit = match exit {
@@ -348,7 +386,11 @@ async fn run(command: Command, shutdown: Shutdown) -> Result<ShutdownReport, Box
                     Peer::Accept(exits)
                 }
             };
-            run_entry(clients, exit, EntryOptions::default(), shutdown).await
+            let options = EntryOptions {
+                connections,
+                ..EntryOptions::default()
+            };
+            run_entry(clients, exit, options, shutdown).await
         }
         Command::Exit { entry, target } => {
             let destination = match target {
@@ -400,7 +442,13 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         return Err("say which end to run: entry, exit or relay".into());
     };
     let known: &[&str] = match mode.as_str() {
-        "entry" => &["--listen", "--exit", "--accept-exit", "--drain"],
+        "entry" => &[
+            "--listen",
+            "--exit",
+            "--accept-exit",
+            "--connections",
+            "--drain",
+        ],
         "exit" => &["--listen", "--entry", "--target", "--socks", "--drain"],
         "relay" => &["--listen", "--target", "--drain"],
         unknown => return Err(format!("unknown mode {unknown:?}: entry, exit or relay")),
@@ -419,10 +467,10 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         let value = if flag == "--socks" {
             String::new()
         } else {
-            let what = if flag == "--drain" {
-                "a number of seconds"
-            } else {
-                "an address"
+            let what = match flag {
+                "--drain" => "a number of seconds",
+                "--connections" => "a number of connections",
+                _ => "an address",
             };
             options
                 .next()
@@ -446,10 +494,29 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
             .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
             .ok_or_else(|| format!("--drain needs a number of seconds, not {seconds:?}"))?,
     };
+    let connections_given = take("--connections");
+    let connections = match &connections_given {
+        None => 1,
+        Some(count) => count
+            .parse::<usize>()
+            .ok()
+            .filter(|&count| (1..=MAX_CONNECTIONS).contains(&count))
+            .ok_or_else(|| {
+                format!("--connections needs a number from 1 to {MAX_CONNECTIONS}, not {count:?}")
+            })?,
+    };
     let command = match mode.as_str() {
         "entry" => Command::Entry {
             listen: take("--listen").ok_or("--listen ADDR is required")?,
+            connections,
             exit: match (take("--exit"), take("--accept-exit")) {
+                (None, Some(_)) if connections_given.is_some() => {
+                    return Err(
+                        "--connections applies when the entry dials the exit (--exit); \
+                                with --accept-exit, the exit dials"
+                            .into(),
+                    )
+                }
                 (Some(addr), None) => Via::Dial(addr),
                 (None, Some(addr)) => Via::Accept(addr),
                 (Some(_), Some(_)) => return Err("give --exit or --accept-exit, not both".into()),
@@ -617,14 +684,15 @@ impl Drop for Tracked {
     }
 }
 
-/// Drains one gomux connection once the shutdown has begun: the other end's new streams are
-/// refused, the streams open go on until they finish, then the connection is closed. At the
-/// drain deadline, or when the shutdown is cut short, the streams left are cut, and so are
-/// their relays, through `end`. Counts both in `work`.
+/// Drains one gomux connection (or the entry's pool of them, all at once) once the shutdown
+/// has begun: the other end's new streams are refused, the streams open go on until they
+/// finish, then the connection is closed. At the drain deadline, or when the shutdown is cut
+/// short, the streams left are cut, and so are their relays, through `end`. Counts both in
+/// `work`.
 ///
 /// The only one to cut the relays of a live session, and only once it has counted them: a
 /// relay cut earlier would take its stream with it, uncounted.
-async fn drain(session: &Session, shutdown: &Shutdown, work: &Work, end: &SessionEnd) {
+async fn drain(session: &impl Drain, shutdown: &Shutdown, work: &Work, end: &SessionEnd) {
     if session.is_closed() {
         return; // it ended by itself meanwhile: nothing to drain
     }
@@ -657,6 +725,47 @@ async fn drain(session: &Session, shutdown: &Shutdown, work: &Work, end: &Sessio
             );
         }
         Err(error) => warn!(%error, "the connection failed while draining"),
+    }
+}
+
+/// What [`drain`] closes: a session, or the entry's pool of sessions to the exit.
+trait Drain {
+    /// Whether there is nothing left to drain.
+    fn is_closed(&self) -> bool;
+    /// The streams being relayed.
+    fn stream_count(&self) -> usize;
+    fn graceful_close(&self, timeout: Duration) -> impl Future<Output = Result<(), Error>>;
+    fn close(&self) -> impl Future<Output = Result<(), Error>>;
+}
+
+impl Drain for Session {
+    fn is_closed(&self) -> bool {
+        Session::is_closed(self)
+    }
+    fn stream_count(&self) -> usize {
+        Session::stream_count(self)
+    }
+    fn graceful_close(&self, timeout: Duration) -> impl Future<Output = Result<(), Error>> {
+        Session::graceful_close(self, timeout)
+    }
+    fn close(&self) -> impl Future<Output = Result<(), Error>> {
+        Session::close(self)
+    }
+}
+
+impl Drain for Pool {
+    fn is_closed(&self) -> bool {
+        self.live() == 0
+    }
+    fn stream_count(&self) -> usize {
+        let sessions = self.sessions();
+        sessions.iter().map(|s| s.session().stream_count()).sum()
+    }
+    fn graceful_close(&self, timeout: Duration) -> impl Future<Output = Result<(), Error>> {
+        Pool::graceful_close(self, timeout)
+    }
+    fn close(&self) -> impl Future<Output = Result<(), Error>> {
+        Pool::close(self)
     }
 }
 
@@ -775,11 +884,13 @@ impl Dialler {
 // The entry
 // ---------------------------------------------------------------------------------------------
 
-/// How the entry keeps its connection to the exit, and how long clients wait for it.
+/// How the entry keeps its connections to the exit, and how long clients wait for one.
 #[derive(Debug, Clone)]
 pub struct EntryOptions {
     /// How the entry dials the exit (unused when the exit dials in).
     pub redial: Redial,
+    /// How many connections the entry keeps to the exit when it dials it (`--connections`).
+    pub connections: usize,
     /// How long a new client waits for a connection to the exit before it is turned away.
     pub client_wait: Duration,
 }
@@ -788,6 +899,7 @@ impl Default for EntryOptions {
     fn default() -> EntryOptions {
         EntryOptions {
             redial: Redial::default(),
+            connections: 1,
             client_wait: Duration::from_secs(10),
         }
     }
@@ -804,9 +916,11 @@ struct Link {
     end: SessionEnd,
 }
 
-/// Runs the entry: accepts clients on `clients` and carries each one as a stream over a single
-/// gomux connection to the exit, which the entry dials (and dials again whenever it is lost),
-/// or which the exit dials in (`Peer::Accept`; the latest connection carries new clients).
+/// Runs the entry: accepts clients on `clients` and carries each one as a stream over a gomux
+/// connection to the exit. Either the entry dials the exit, keeping `options.connections` of
+/// them in a [`Pool`] (each client goes to the one with the fewest, and one that is lost is
+/// dialled again), or the exit dials in (`Peer::Accept`; the latest connection carries new
+/// clients).
 ///
 /// Runs until `shutdown` begins, then closes its listeners, dials no more, lets the clients
 /// being relayed finish and closes its gomux connections (see [`Shutdown`]), and returns how
@@ -820,27 +934,29 @@ pub async fn run_entry(
     shutdown: Shutdown,
 ) -> ShutdownReport {
     let work = Work::default();
-    // The current connection is published through a watch channel: `None` while there is
-    // none. Every client task reads the latest value; only the tasks that make the connections
-    // write it.
-    let (publish, links) = watch::channel(None);
     let connecting = work.sessions.track();
-    let _connections = AbortOnDrop(match exit {
+    let (exits, connections) = match exit {
         Peer::Dial(addr) => {
-            let dial = dial_exit(
-                addr,
-                options.redial.clone(),
-                publish,
-                shutdown.clone(),
-                work.clone(),
-            );
-            tokio::spawn(tracked(connecting, dial))
+            let dialled = Dialled::new(addr, &options, &shutdown, &work);
+            let keep = dialled.clone().keep();
+            (
+                Exits::Dialled(dialled),
+                tokio::spawn(tracked(connecting, keep)),
+            )
         }
         Peer::Accept(listener) => {
+            // The current connection is published through a watch channel: `None` while there
+            // is none. Every client task reads the latest value; only the tasks that accept the
+            // connections write it.
+            let (publish, links) = watch::channel(None);
             let accept = accept_exits(listener, publish, shutdown.clone(), work.clone());
-            tokio::spawn(tracked(connecting, accept))
+            (
+                Exits::Latest(links),
+                tokio::spawn(tracked(connecting, accept)),
+            )
         }
-    });
+    };
+    let _connections = AbortOnDrop(connections);
 
     let mut count = 0u64;
     loop {
@@ -861,7 +977,7 @@ pub async fn run_entry(
             stream = tracing::field::Empty,
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
-        let client = serve_client(socket, links.clone(), options.client_wait, shutdown.clone());
+        let client = serve_client(socket, exits.clone(), options.client_wait, shutdown.clone());
         tokio::spawn(tracked(work.relays.track(), client).instrument(span));
     }
     // Clients that connect from now on are refused.
@@ -869,41 +985,165 @@ pub async fn run_entry(
     work.wind_down(&shutdown).await
 }
 
-/// Keeps a gomux connection to the exit up, publishing each new one, for as long as anyone
-/// listens, or until the shutdown begins.
-async fn dial_exit(
-    exit: SocketAddr,
-    redial: Redial,
-    publish: watch::Sender<Option<Link>>,
+/// How a client reaches the exit.
+#[derive(Clone)]
+enum Exits {
+    /// Through the entry's own connections to the exit.
+    Dialled(Dialled),
+    /// Through the latest connection an exit dialled in on: `None` while there is none.
+    Latest(watch::Receiver<Option<Link>>),
+}
+
+/// The entry's connections to the exit when it dials it: a [`Pool`] of `--connections`, and
+/// what the clients carried by each session need to learn of its end.
+#[derive(Clone)]
+struct Dialled {
+    pool: Pool,
+    /// The end of every session that carries clients, by the pool's number for it. Made when
+    /// the first client is carried by the session, with a task that waits for its end.
+    ends: Arc<Mutex<HashMap<u64, SessionEnd>>>,
+    /// Cuts the relays of every session at once: the pool is drained as one.
+    cut: CancellationToken,
+    /// How long a client waits between two attempts to open a stream while no session can be
+    /// had: the pool fails an open at once while it backs off from the exit.
+    retry: Duration,
     shutdown: Shutdown,
     work: Work,
-) {
-    let mut dialler = Dialler::new(exit, redial, "exit");
-    loop {
-        let session = tokio::select! {
+}
+
+impl Dialled {
+    fn new(exit: SocketAddr, options: &EntryOptions, shutdown: &Shutdown, work: &Work) -> Dialled {
+        let Redial {
+            backoff_initial,
+            backoff_max,
+            dial_timeout,
+        } = options.redial;
+        let pool = Pool::builder(options.connections)
+            .config(mux_config())
+            .backoff(backoff_initial, backoff_max)
+            .connect_timeout(dial_timeout)
+            .build(move || async move {
+                match connect(exit, dial_timeout).await {
+                    Ok(socket) => {
+                        info!(%exit, "connected to the exit");
+                        Ok(socket)
+                    }
+                    Err(error) => {
+                        warn!(%exit, %error, "cannot reach the exit");
+                        Err(error)
+                    }
+                }
+            });
+        Dialled {
+            pool,
+            ends: Arc::default(),
+            cut: CancellationToken::new(),
+            retry: backoff_initial,
+            shutdown: shutdown.clone(),
+            work: work.clone(),
+        }
+    }
+
+    /// Makes the connections to the exit at once, rather than when the first client comes,
+    /// then waits for the shutdown, and drains them all.
+    async fn keep(self) {
+        let (shutdown, work) = (&self.shutdown, &self.work);
+        tokio::select! {
             biased;
-            () = shutdown.begin.cancelled() => return,
-            session = dialler.connect() => session,
-        };
-        let span = info_span!("session", session = dialler.number);
-        span.in_scope(|| info!(%exit, "connected to the exit"));
-        let reason = carry_clients(dialler.number, session, &publish, &shutdown, &work)
-            .instrument(span.clone())
-            .await;
-        if shutdown.begin.is_cancelled() {
-            return; // shutting down: no new connection (the drain has logged how it went)
-        }
-        span.in_scope(|| {
-            // A CloseMux: the exit was shut down (or restarted) on purpose.
-            if reason.is_graceful() {
-                info!(%reason, "connection to the exit closed by the exit");
-            } else {
-                warn!(%reason, "connection to the exit lost");
+            () = shutdown.begin.cancelled() => {}
+            live = self.pool.fill() => {
+                // Those that failed have said so; clients bring the next attempts.
+                if live > 0 {
+                    info!(live, connections = self.pool.size(), "connections to the exit made");
+                }
+                shutdown.begin.cancelled().await;
             }
-        });
-        if publish.is_closed() {
-            return; // no client can be served any more: the entry has stopped
         }
+        let end = SessionEnd {
+            ended: CancellationToken::new(),
+            cut: self.cut.clone(),
+        };
+        drain(&self.pool, shutdown, work, &end).await;
+        // Sessions no client used, or that ended meanwhile, had nothing to drain; no more
+        // connects either way.
+        let _ = self.pool.close().await;
+    }
+
+    /// Opens a stream for a client on the session with the fewest, waiting up to `wait` for
+    /// one to be had. `None` when the client is to be turned away.
+    async fn open(&self, wait: Duration) -> Option<(u64, Stream, SessionEnd)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let opened = tokio::select! {
+                biased;
+                () = self.shutdown.begin.cancelled() => {
+                    debug!("shutting down; turning the client away");
+                    return None;
+                }
+                opened = tokio::time::timeout_at(deadline, self.pool.open_with_session()) => opened,
+            };
+            let error = match opened {
+                Ok(Ok((stream, pooled))) => {
+                    let end = self.end_of(&pooled);
+                    return Some((pooled.number(), stream, end));
+                }
+                Ok(Err(Error::TooManyStreams)) => {
+                    warn!("cannot open a stream, too many; closing the client");
+                    return None;
+                }
+                Ok(Err(error)) => error,
+                Err(_) => Error::from(io::Error::from(io::ErrorKind::TimedOut)),
+            };
+            if self.pool.is_closed() {
+                return None;
+            }
+            // No session can be had now (the pool backs off from an exit that cannot be
+            // reached): wait a little, until the deadline.
+            let retry = (tokio::time::Instant::now() + self.retry).min(deadline);
+            if retry >= deadline {
+                warn!(%error, ?wait, "no connection to the exit; turning the client away");
+                return None;
+            }
+            tokio::time::sleep_until(retry).await;
+        }
+    }
+
+    /// The end of `pooled`, made (with a task waiting for it) by the first client it carries.
+    fn end_of(&self, pooled: &PooledSession) -> SessionEnd {
+        let number = pooled.number();
+        let mut ends = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(end) = ends.get(&number) {
+            return end.clone();
+        }
+        let end = SessionEnd {
+            ended: CancellationToken::new(),
+            cut: self.cut.clone(),
+        };
+        ends.insert(number, end.clone());
+        drop(ends);
+        let watch = {
+            let (session, end) = (pooled.session().clone(), end.clone());
+            let (ends, shutdown) = (Arc::clone(&self.ends), self.shutdown.clone());
+            async move {
+                let reason = session.closed().await;
+                end.ended.cancel();
+                ends.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&number);
+                // When shutting down, the drain has logged how it went.
+                if !shutdown.begin.is_cancelled() {
+                    // A CloseMux: the exit was shut down (or restarted) on purpose.
+                    if reason.is_graceful() {
+                        info!(%reason, "connection to the exit closed by the exit");
+                    } else {
+                        warn!(%reason, "connection to the exit lost");
+                    }
+                }
+            }
+        };
+        let span = info_span!(parent: None, "session", session = number, slot = pooled.slot());
+        tokio::spawn(tracked(self.work.sessions.track(), watch).instrument(span));
+        end
     }
 }
 
@@ -986,56 +1226,65 @@ async fn carry_clients(
     reason
 }
 
-/// Forwards one client connection through the current gomux connection.
-async fn serve_client(
-    client: TcpStream,
+/// Forwards one client connection through a gomux connection to the exit.
+async fn serve_client(client: TcpStream, exits: Exits, wait: Duration, shutdown: Shutdown) {
+    let opened = match exits {
+        Exits::Dialled(dialled) => dialled.open(wait).await,
+        Exits::Latest(links) => open_on_latest(links, wait, &shutdown).await,
+    };
+    let Some((number, stream, end)) = opened else {
+        return;
+    };
+    let span = Span::current();
+    span.record("session", number);
+    span.record("stream", stream.id());
+    debug!("forwarding");
+    // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
+    // by it at once: `carry` then closes the client too.
+    carry(client, stream, &end).await;
+}
+
+/// Opens a stream on the latest connection an exit dialled in on, waiting up to `wait` for
+/// one. `None` when the client is to be turned away.
+async fn open_on_latest(
     mut links: watch::Receiver<Option<Link>>,
     wait: Duration,
-    shutdown: Shutdown,
-) {
+    shutdown: &Shutdown,
+) -> Option<(u64, Stream, SessionEnd)> {
     let deadline = tokio::time::Instant::now() + wait;
 
-    // Find a connection to the exit and open a stream on it. A connection can die between
-    // being published and our open, so a failed open waits for a newer one, until the
-    // deadline. A client that has no stream yet when the shutdown begins is turned away: it
-    // is not being relayed, and a draining connection opens no stream.
+    // A connection can die between being published and our open, so a failed open waits for a
+    // newer one, until the deadline. A client that has no stream yet when the shutdown begins
+    // is turned away: it is not being relayed, and a draining connection opens no stream.
     let mut failed = 0;
-    let (link, stream) = loop {
+    loop {
         let newer = links.wait_for(|link| link.as_ref().is_some_and(|l| l.number > failed));
         let link = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => {
                 debug!("shutting down; turning the client away");
-                return;
+                return None;
             }
             newer = tokio::time::timeout_at(deadline, newer) => match newer {
                 Ok(Ok(link)) => link.clone(),
-                Ok(Err(_)) => return, // nothing publishes connections any more: the entry stopped
+                Ok(Err(_)) => return None, // nothing publishes connections any more: the entry stopped
                 Err(_) => {
                     warn!(?wait, "no connection to the exit; turning the client away");
-                    return;
+                    return None;
                 }
             },
         };
         let Some(link) = link else { continue };
         match link.session.open().await {
-            Ok(stream) => break (link, stream),
+            Ok(stream) => return Some((link.number, stream, link.end)),
             Err(error) if error.is_session_end() => failed = link.number,
             Err(error) => {
                 // Only this open failed (the session is at its stream limit).
                 warn!(%error, "cannot open a stream; closing the client");
-                return;
+                return None;
             }
         }
-    };
-
-    let span = Span::current();
-    span.record("session", link.number);
-    span.record("stream", stream.id());
-    debug!("forwarding");
-    // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
-    // by it at once: `carry` then closes the client too.
-    carry(client, stream, &link.end).await;
+    }
 }
 
 /// Runs `future`, counted by `guard` until it finishes or is dropped. The guard is taken by

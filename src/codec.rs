@@ -112,28 +112,21 @@ impl FrameCodec {
     }
 }
 
-impl Default for FrameCodec {
-    fn default() -> FrameCodec {
-        FrameCodec::new()
-    }
-}
-
-impl Decoder for FrameCodec {
-    type Item = Frame;
-    type Error = CodecError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
+impl FrameCodec {
+    /// Decodes the next whole frame at the front of `src` and returns its header, leaving a Data
+    /// frame's payload at the front of `src` for the caller to take (all `header.length` bytes of
+    /// it are there). The session copies short payloads out of the read buffer from there, which
+    /// costs less than making them `Bytes` of their own first.
+    pub(crate) fn decode_complete(
+        &mut self,
+        src: &mut BytesMut,
+    ) -> Result<Option<Header>, CodecError> {
         // States: `Head` needs 8 bytes; a Data header moves to `Data(header)`, which needs
         // `header.length` more bytes. Other kinds are complete with their header.
         let header = match self.state {
             DecodeState::Head => match self.decode_head(src)? {
                 None => return Ok(None),
-                Some(header) if header.kind != Kind::Data => {
-                    return Ok(Some(Frame {
-                        header,
-                        payload: Bytes::new(),
-                    }));
-                }
+                Some(header) if header.kind != Kind::Data => return Ok(Some(header)),
                 Some(header) => header,
             },
             DecodeState::Data(header) => header,
@@ -148,10 +141,29 @@ impl Decoder for FrameCodec {
             return Ok(None);
         }
         self.state = DecodeState::Head;
-        Ok(Some(Frame {
-            header,
-            payload: src.split_to(len).freeze(),
-        }))
+        Ok(Some(header))
+    }
+}
+
+impl Default for FrameCodec {
+    fn default() -> FrameCodec {
+        FrameCodec::new()
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = CodecError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
+        let Some(header) = self.decode_complete(src)? else {
+            return Ok(None);
+        };
+        let payload = match header.kind {
+            Kind::Data => src.split_to(header.length as usize).freeze(),
+            _ => Bytes::new(),
+        };
+        Ok(Some(Frame { header, payload }))
     }
 
     fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, CodecError> {

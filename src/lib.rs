@@ -57,6 +57,35 @@
 //! while its queue of control frames is over its bound, which only a peer that does not read
 //! what this side sends can cause (see [`Config`], "Memory bounds").
 //!
+//! # Several connections: [`Pool`]
+//!
+//! One session is one driver task, so one connection uses at most one core at each end. A
+//! client that carries many streams to one server can spread them over K connections with a
+//! [`Pool`]: it makes K client sessions through a connect function of yours (TCP, TLS, ...),
+//! opens each stream on the session with the fewest, replaces a session that ends, and backs
+//! off from a server that cannot be reached (`open` then fails rather than waits). The server
+//! needs nothing special: it accepts K connections and serves each as usual.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), gomux::Error> {
+//! // Here the "server" is four in-memory pipes; with TCP, connect and set_nodelay(true).
+//! let pool = gomux::Pool::new(4, gomux::Config::default(), || async {
+//!     let (client, server) = tokio::io::duplex(64 * 1024);
+//!     let server = gomux::Session::server(server);
+//!     tokio::spawn(async move { while server.accept().await.is_ok() {} });
+//!     Ok(client)
+//! });
+//! assert_eq!(pool.fill().await, 4);
+//! let streams = [pool.open().await?, pool.open().await?];
+//! // One stream on each of two sessions: the fewest-first choice spreads them.
+//! let busy = pool.sessions().iter().filter(|s| s.session().stream_count() > 0).count();
+//! assert_eq!(busy, 2);
+//! # drop(streams);
+//! pool.close().await
+//! # }
+//! ```
+//!
 //! # Reading and writing
 //!
 //! [`Stream`] implements tokio's `AsyncRead` and `AsyncWrite`, so `tokio::io::copy`, codecs,
@@ -323,6 +352,7 @@
 //!
 //! - [`frame`] and [`codec`]: the wire format, usable on their own with `tokio_util`'s `Framed`.
 //! - [`Session`], [`Stream`]: the multiplexer. [`Config`]: its knobs and their bounds.
+//! - [`Pool`]: a client's streams spread over several sessions to one server.
 //!   [`Stats`]: its counters.
 
 #![forbid(unsafe_code)]
@@ -335,6 +365,7 @@ mod config;
 mod error;
 mod flow;
 pub mod frame;
+mod pool;
 mod session;
 mod stats;
 pub mod stream;
@@ -342,6 +373,7 @@ mod trace;
 
 pub use crate::config::{Config, Role};
 pub use crate::error::{CodecError, Error, InvalidFrame, ProtocolError};
+pub use crate::pool::{Pool, PoolBuilder, PooledSession};
 pub use crate::session::{Connection, Incoming, Session};
 pub use crate::stats::Stats;
 
@@ -362,6 +394,7 @@ mod tests {
     #[test]
     fn handles_are_send_sync_unpin_static() {
         assert_traits::<crate::Session>();
+        assert_traits::<crate::Pool>();
         assert_traits::<crate::Stream>();
         assert_traits::<crate::stream::OwnedReadHalf>();
         assert_traits::<crate::stream::OwnedWriteHalf>();

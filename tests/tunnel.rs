@@ -34,7 +34,7 @@ use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
 use tunnel::{
-    carry, parse_args, run_entry, run_exit, run_relay, Destination, Peer, SessionEnd,
+    carry, parse_args, run_entry, run_exit, run_relay, Destination, EntryOptions, Peer, SessionEnd,
     ShutdownReport, TargetArg, Via,
 };
 use tunnel_support::{
@@ -704,6 +704,60 @@ async fn a_client_waits_for_an_exit_that_is_not_up_yet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_with_three_connections_spreads_its_clients_over_them() {
+    let target = Target::spawn(echo).await;
+    let options = EntryOptions {
+        connections: 3,
+        ..entry_options()
+    };
+    let mut tunnel = Tunnel::start_with(
+        Direction::Forward,
+        Destination::Fixed(target.addr),
+        DRAIN,
+        options,
+    )
+    .await;
+
+    // Clients held open at once, and more coming and going meanwhile, each with its own
+    // content: the entry carries them over the three connections.
+    let mut clients = Vec::new();
+    for seed in 0..12u8 {
+        let mut client = connect(tunnel.entry).await;
+        echo_once(&mut client, &[b'a' + seed; 1000]).await;
+        clients.push(client);
+    }
+    let transfers: Vec<_> = (0..24u64)
+        .map(|seed| {
+            let entry = tunnel.entry;
+            tokio::spawn(async move {
+                let data = pattern(seed, 100_000 + seed as usize * 1000);
+                let got = round_trip(connect(entry).await, &data).await;
+                assert_same(&got, &data, &format!("client {seed}"));
+            })
+        })
+        .collect();
+    for transfer in transfers {
+        within("a client's echo", transfer).await.expect("no panic");
+    }
+    for (seed, client) in clients.iter_mut().enumerate() {
+        echo_once(client, &[b'A' + seed as u8; 10]).await;
+    }
+    tunnel
+        .link
+        .assert_connections(3, "three connections from the one entry");
+
+    // Once the clients are gone, the shutdown closes the three connections, cutting nothing,
+    // and dials no more.
+    drop(clients);
+    tunnel.entry_end.shut_down();
+    let report = tunnel.entry_end.stopped().await;
+    assert_eq!(report.cut, 0, "{report:?}");
+    tunnel
+        .link
+        .assert_connections(3, "no dial while shutting down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reverse_a_client_waits_for_an_exit_that_has_not_dialled_in_yet() {
     init_logs();
     let target = Target::spawn(echo).await;
@@ -823,6 +877,15 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         Ok(Entry {
             listen: addr("127.0.0.1:7000"),
             exit: Via::Dial(addr("127.0.0.1:7001")),
+            connections: 1,
+        })
+    );
+    assert_eq!(
+        parse("entry --listen 127.0.0.1:7000 --connections 4 --exit 127.0.0.1:7001"),
+        Ok(Entry {
+            listen: addr("127.0.0.1:7000"),
+            exit: Via::Dial(addr("127.0.0.1:7001")),
+            connections: 4,
         })
     );
     assert_eq!(
@@ -845,6 +908,7 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         Ok(Entry {
             listen: addr("127.0.0.1:1080"),
             exit: Via::Accept(addr("0.0.0.0:7001")),
+            connections: 1,
         })
     );
     assert_eq!(
@@ -904,6 +968,18 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         (
             "entry --listen a --exit b --drain 1 --drain 2",
             "given twice",
+        ),
+        ("entry --listen a --exit b --connections", "needs a number"),
+        ("entry --listen a --exit b --connections 0", "from 1 to 64"),
+        ("entry --listen a --exit b --connections 65", "from 1 to 64"),
+        ("entry --listen a --exit b --connections two", "not \"two\""),
+        (
+            "entry --listen a --accept-exit b --connections 2",
+            "the exit dials",
+        ),
+        (
+            "exit --listen a --target b --connections 2",
+            "unknown option",
         ),
     ] {
         match parse(line) {

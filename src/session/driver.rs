@@ -18,10 +18,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bytes::Buf;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tokio_util::codec::Decoder;
 
+use super::core::recv_buf::{Payload, PIN_MIN};
 use super::core::{Batch, Shared};
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
@@ -378,9 +380,29 @@ where
             if inner.control_over_limit() {
                 break Ok(true);
             }
-            match self.codec.decode(self.read_buf.get_mut()) {
-                Ok(Some(frame)) => {
-                    if let Err(error) = inner.on_frame(frame, source, now, &mut self.wakers) {
+            let buf = self.read_buf.get_mut();
+            match self.codec.decode_complete(buf) {
+                Ok(Some(header)) => {
+                    let len = header.length as usize;
+                    let applied = match header.kind {
+                        // A short payload is copied out by the stream: straight from here.
+                        Kind::Data if len < PIN_MIN => {
+                            let payload = Payload::Borrowed(&buf[..len]);
+                            let applied =
+                                inner.on_received(header, payload, source, now, &mut self.wakers);
+                            buf.advance(len);
+                            applied
+                        }
+                        Kind::Data => {
+                            let payload = Payload::Shared(buf.split_to(len).freeze());
+                            inner.on_received(header, payload, source, now, &mut self.wakers)
+                        }
+                        _ => {
+                            let payload = Payload::Borrowed(&[]);
+                            inner.on_received(header, payload, source, now, &mut self.wakers)
+                        }
+                    };
+                    if let Err(error) = applied {
                         break Err(error);
                     }
                 }

@@ -55,6 +55,16 @@ impl Tunnel {
         destination: Destination,
         drain: Duration,
     ) -> Tunnel {
+        Tunnel::start_with(direction, destination, drain, entry_options()).await
+    }
+
+    /// A tunnel whose entry runs with `options` (its connections to the exit, say).
+    pub async fn start_with(
+        direction: Direction,
+        destination: Destination,
+        drain: Duration,
+        options: EntryOptions,
+    ) -> Tunnel {
         init_logs();
         let clients = bind().await;
         let entry = clients.local_addr().expect("entry address");
@@ -69,7 +79,7 @@ impl Tunnel {
             run_exit(exit_peer, destination, fast_redial(), shutdown)
         });
         let entry_end = End::spawn(drain, |shutdown| {
-            run_entry(clients, entry_peer, entry_options(), shutdown)
+            run_entry(clients, entry_peer, options, shutdown)
         });
         Tunnel {
             entry,

@@ -7,18 +7,21 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::outgoing::Control;
-use super::recv_buf::{RecvBuffer, Source};
+use super::recv_buf::{Payload, RecvBuffer, Source};
 use super::stream_state::{Queued, RecvState, StreamState, WriteWait};
 use super::Inner;
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
-use crate::frame::{Frame, Header, Kind, HEADER_LEN};
+#[cfg(test)]
+use crate::frame::Frame;
+use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::stream::Stopped;
 use crate::trace::event;
 
 impl Inner {
     /// Applies one received frame; `source` is the read buffer its payload is a slice of. `Err`
     /// ends the session with that error.
+    #[cfg(test)]
     pub(crate) fn on_frame(
         &mut self,
         frame: Frame,
@@ -26,11 +29,30 @@ impl Inner {
         now: Instant,
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
-        let Header { id, length, kind } = frame.header;
+        self.on_received(
+            frame.header,
+            Payload::Shared(frame.payload),
+            source,
+            now,
+            wakers,
+        )
+    }
+
+    /// Applies one received frame, its header and (for Data) its payload; `source` is the read
+    /// buffer the payload is in. `Err` ends the session with that error.
+    pub(crate) fn on_received(
+        &mut self,
+        header: Header,
+        payload: Payload<'_>,
+        source: Source,
+        now: Instant,
+        wakers: &mut Vec<Waker>,
+    ) -> Result<(), Error> {
+        let Header { id, length, kind } = header;
         self.stats.frames_received += 1;
-        self.stats.bytes_received += (HEADER_LEN + frame.payload.len()) as u64;
+        self.stats.bytes_received += (HEADER_LEN + payload.len()) as u64;
         match kind {
-            Kind::Data => self.on_data(id, frame.payload, source, now, wakers)?,
+            Kind::Data => self.on_data(id, payload, source, now, wakers)?,
             Kind::WindowUpdate => self.on_window_update(id, length, wakers)?,
             Kind::OpenStream => self.on_open(id, wakers)?,
             Kind::CloseRead => self.on_peer_close(id, wakers, StreamState::on_peer_shut),
@@ -50,7 +72,7 @@ impl Inner {
     fn on_data(
         &mut self,
         id: u32,
-        payload: Bytes,
+        payload: Payload<'_>,
         source: Source,
         now: Instant,
         wakers: &mut Vec<Waker>,
