@@ -161,6 +161,17 @@ def redis_tables(text):
     return tables
 
 
+def perf_row(line, cells):
+    """A perf report line ("12.34%  object  [.] symbol") as table cells, code-formatted."""
+    parts = line.split(None, cells - 1)
+    if len(parts) < cells:
+        return None
+    text = [p.strip() for p in parts[1:]]
+    if len(text[-1]) > 110:
+        text[-1] = text[-1][:109] + "…"
+    return [parts[0]] + ["`" + t.replace("|", "\\|") + "`" for t in text]
+
+
 def geometric_mean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -425,28 +436,26 @@ def main():
     out(
         "## What the profiles showed",
         "",
-        "The symbols that took the most samples themselves (self %, kernel and user space),",
-        "`mux-tcp --no-verify`; both ends are in the one process, so one profile covers both.",
+        "`mux-tcp --no-verify` under `perf record`; both ends are in the one process, so one profile",
+        "covers both. For each: the share of the samples in each object, the symbols that took the",
+        "most samples themselves (kernel `[k]` and user space `[.]`), and those of the program itself",
+        "(gomux, tokio and the speed tool, inlined into one binary), all as shares of every sample.",
         "",
     )
     for name, title in (("one", "One stream"), ("many", "1000 streams")):
-        out(f"### {title}", "", code_block(run.command("perf-" + name) + "\n" + run.command("perf-report")), "")
+        commands = [run.command(c) for c in ("perf-" + name, "perf-dso", "perf-all", "perf-own")]
+        out(f"### {title}", "", code_block("\n".join(commands)), "")
         failed = run.file(f"perf-{name}.failed")
-        report = run.file(f"perf-{name}.txt")
-        if failed is not None or not report:
+        if failed is not None or not run.file(f"perf-{name}.all"):
             out("No profile: " + (failed or "perf printed nothing").strip().replace("\n", " "), "")
             continue
         samples = " ".join((run.file(f"perf-{name}.samples") or "").split())
-        rows = []
-        for line in report.splitlines():
-            parts = line.split(None, 2)
-            if len(parts) < 3:
-                continue
-            symbol = parts[2].strip()
-            if len(symbol) > 110:
-                symbol = symbol[:109] + "…"
-            rows.append([parts[0], f"`{parts[1]}`", "`" + symbol.replace("|", "\\|") + "`"])
-        out((samples + ":") if samples else "", "", table(["self", "object", "symbol"], rows, ["--:", "---", "---"]), "")
+        if samples:
+            out(samples + ":", "")
+        for suffix, header in (("dso", ["samples", "object"]), ("all", ["self", "object", "symbol"]),
+                               ("own", ["self", "symbol"])):
+            rows = [perf_row(line, len(header)) for line in (run.file(f"perf-{name}.{suffix}") or "").splitlines()]
+            out(table(header, [r for r in rows if r], ["--:"] + ["---"] * (len(header) - 1)), "")
 
     # --- Notes -------------------------------------------------------------------------------
     if notes:

@@ -25,7 +25,7 @@
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
 #                  fewer requests, the allocation test's debug build: a check that everything
 #                  runs (for CI), still a complete document
-#   --rounds N     rounds (default 3, about 75 s each here; at least 2 to see the machine move)
+#   --rounds N     rounds (default 3, about 45 s each here; at least 2 to see the machine move)
 #   --output FILE  where to write the document (default BENCHMARKS.md at the repository root)
 #   --notes FILE   Markdown included as it is under "Notes" (default
 #                  scripts/benchmarks-notes.md; an empty name leaves the section out)
@@ -57,7 +57,7 @@ rtt_criterion=()
 many_streams=8192
 redis=true
 redis_connections="1 2 4"
-redis_requests=20000
+redis_requests=50000
 redis_clients=50
 redis_tests=ping,set,get
 profile_bytes_one=8G
@@ -374,16 +374,19 @@ redis_run() {
     fi
 }
 
-# perf record of one transfer, and the symbols that took the most samples themselves, in
-# perf-NAME.txt; or why there is no profile, in perf-NAME.failed.
+# perf record of one transfer, and three reports of it: the share of each object (perf-NAME.dso),
+# the symbols that took the most samples themselves (perf-NAME.all) and those of the program
+# itself (perf-NAME.own), each "percent object-or-symbol" lines; or why there is no profile,
+# in perf-NAME.failed.
 profile() {
     local name=$1 streams=$2 size=$3 data=$work/perf-$1.data
     local run=("$speed" --mode mux-tcp --no-verify --streams "$streams" --bytes "$size")
-    local report=(perf report -i "$data" --no-children -F "overhead,dso,sym" --stdio -g none
-        --percent-limit 0.5)
+    local report=(perf report -i "$data" --no-children --stdio -g none)
     echo "profile: $streams stream(s) ($(date -u +%H:%M:%S))" >&2
     shown "perf-$name" "perf record -g -o perf.data -- ${run[*]}"
-    shown perf-report "${report[*]/#$data/perf.data}"
+    shown perf-dso "${report[*]/#$data/perf.data} -F overhead,dso"
+    shown perf-all "${report[*]/#$data/perf.data} -F overhead,dso,sym --percent-limit 0.5"
+    shown perf-own "${report[*]/#$data/perf.data} -F overhead,sym --dsos ${speed##*/} --percent-limit 0.1"
     if ! command -v perf >/dev/null; then
         echo "perf is not installed (Debian: apt-get install -y linux-perf)" >"$work/perf-$name.failed"
         return 0
@@ -397,9 +400,17 @@ profile() {
         cat "$work/perf-$name.failed" >&2
         return 0
     fi
-    "${report[@]}" >"$work/perf-$name.report" 2>/dev/null
-    grep -v '^#' "$work/perf-$name.report" | grep -v '^ *$' | head -n 12 >"$work/perf-$name.txt"
+    "${report[@]}" -F overhead,dso >"$work/perf-$name.report" 2>/dev/null
     sed -n 's/^# \(Samples: .*\)/\1/p' "$work/perf-$name.report" >"$work/perf-$name.samples"
+    top 6 <"$work/perf-$name.report" >"$work/perf-$name.dso"
+    "${report[@]}" -F overhead,dso,sym --percent-limit 0.5 2>/dev/null | top 12 >"$work/perf-$name.all"
+    "${report[@]}" -F overhead,sym --dsos "${speed##*/}" --percent-limit 0.1 2>/dev/null |
+        top 8 >"$work/perf-$name.own"
+}
+
+# The first N rows of a perf report, without its comments and blank lines.
+top() {
+    grep -v '^#' | grep -v '^ *$' | head -n "$1" || true
 }
 
 # ---------------------------------------------------------------------------------------------
