@@ -4,10 +4,10 @@
 #
 # Each round measures, one right after the other so that the machine's drift hits them alike:
 #
-# - the transport's limit: `iperf3 -l 1M` over loopback and the speed tool's `tcp` mode without
-#   hashing (examples/speed.rs: one connection, reads and writes of 1 MiB); the better of the
-#   two is the round's limit;
-# - throughput at each stream count with 64 KiB writes, through the speed tool: this crate
+# - throughput at each stream count: the transport's limit, `iperf3 -l 1M` over loopback and
+#   the speed tool's `tcp` mode without hashing (examples/speed.rs: one connection, reads and
+#   writes of 1 MiB), the better of the two being the limit for that stream count in that
+#   round; then, with 64 KiB writes, through the speed tool: this crate
 #   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
 #   both ends (`mux-tcp`, against Go gomux doing the same: `--mode go`, sender and receiver in
 #   two Go processes, and `gomux-go-peer bench receive -pair`, both ends in one process, as
@@ -239,8 +239,8 @@ iperf_rate() {
 import json, sys
 print("%.1f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8 / 2**20))'
 }
-shown limit-iperf3 "iperf3 -c 127.0.0.1 -p PORT -l 1M -t $iperf_seconds -J (against iperf3 -s -p PORT)"
-shown limit-tcp "$speed --mode tcp --no-verify --streams 1 --bytes $bytes"
+shown tp-iperf3 "iperf3 -c 127.0.0.1 -p PORT -l 1M -t $iperf_seconds -J (against iperf3 -s -p PORT)"
+shown tp-tcp "$speed --mode tcp --no-verify --streams 1 --bytes $bytes"
 
 # The Rust round trips: criterion's estimate for its raw TCP and gomux rows, in µs, as
 # "tcp X" and "gomux Y" lines. The "time:" under "change:" is the change from the last run.
@@ -292,20 +292,12 @@ rotated() {
     done
 }
 
-limit_row() {
-    local round=$1 what=$2 rate
-    case $what in
-    iperf3) rate=$(iperf_rate) ;;
-    tcp) rate=$(speed_rate tcp 1 --no-verify) ;;
-    esac
-    need "the limit ($what)" "$rate"
-    echo "  limit, $what: $rate MiB/s" >&2
-    record "$round" "limit-$what" "$rate"
-}
-
 throughput_row() {
     local round=$1 streams=$2 what=$3 rate
     case $what in
+    # The limit, beside the rows of every stream count: always one connection.
+    iperf3) rate=$(iperf_rate) ;;
+    tcp) rate=$(speed_rate tcp 1 --no-verify) ;;
     mux-nv) rate=$(speed_rate mux-tcp "$streams" --no-verify) ;;
     mux) rate=$(speed_rate mux-tcp "$streams") ;;
     go) rate=$(speed_rate go "$streams") ;;
@@ -445,9 +437,8 @@ meta iperf3 "$(iperf3 --version | head -n 1)"
 
 for ((round = 1; round <= rounds; round++)); do
     echo "round $round of $rounds ($(date -u +%H:%M:%S))" >&2
-    rotated "$round" "iperf3 tcp" limit_row "$round"
     for streams in $stream_counts; do
-        rotated "$round" "mux-nv mux go go-pair yamux-nv" throughput_row "$round" "$streams"
+        rotated "$round" "iperf3 tcp mux-nv mux go go-pair yamux-nv" throughput_row "$round" "$streams"
     done
     rotated "$round" "rust go" rtt_row "$round"
     rotated "$round" "rust go" many_row "$round"
