@@ -25,7 +25,7 @@
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
 #                  fewer requests, the allocation test's debug build: a check that everything
 #                  runs (for CI), still a complete document
-#   --rounds N     rounds (default 3, about 45 s each here; at least 2 to see the machine move)
+#   --rounds N     rounds (default 3, about 60 s each here; at least 2 to see the machine move)
 #   --output FILE  where to write the document (default BENCHMARKS.md at the repository root)
 #   --notes FILE   Markdown included as it is under "Notes" (default
 #                  scripts/benchmarks-notes.md; an empty name leaves the section out)
@@ -34,8 +34,9 @@
 # Needs cargo, Go (the `go` command, or /usr/local/go/bin/go) with the Go gomux source beside
 # the clone in ../shared/gomux-go, python3 and iperf3; unless --no-redis, redis-server,
 # redis-cli and redis-benchmark; perf for the profiles (left out, with the reason, when it is
-# missing or not permitted). Installs and downloads nothing. The default run takes about
-# 10 minutes after the builds (the latency bench's first build takes a few minutes more).
+# missing or not permitted). Installs and downloads nothing. On the 2-core development machine
+# the default run takes about 7 minutes after the builds (3 of them for Redis), --quick under a
+# minute; the latency bench's first build takes a few minutes more.
 set -euo pipefail
 # A failure inside $(...) fails the script too, not only the last command of the substitution.
 shopt -s inherit_errexit
