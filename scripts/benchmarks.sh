@@ -4,8 +4,8 @@
 #
 # Each round measures, one right after the other so that the machine's drift hits them alike:
 #
-# - throughput at each stream count: the transport's limit, `iperf3 -l 1M` over loopback and
-#   the speed tool's `tcp` mode without hashing (examples/speed.rs: one connection, reads and
+# - throughput at each stream count: the transport's limit, `iperf3 -l 1M -A 0,1` over loopback
+#   and the speed tool's `tcp` mode without hashing (examples/speed.rs: one connection, reads and
 #   writes of 1 MiB), the better of the two being the limit for that stream count in that
 #   round; then, with 64 KiB writes, through the speed tool: this crate
 #   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
@@ -234,13 +234,20 @@ go_pair_rate() {
 shown tp-go-pair "$peer bench receive -pair -progress 0 -streams K -bytes $bytes"
 
 # The transport's limit as iperf3 measures it: MiB/s received, over one loopback connection
-# with 1 MiB writes, against the server started below.
+# with 1 MiB writes, against the server started below. With two cores or more, the client and
+# the server are pinned to cores 0 and 1 (-A): a little faster than leaving them to the
+# scheduler, of what was tried on the development machine.
+iperf_affinity=()
+if (($(nproc) >= 2)); then
+    iperf_affinity=(-A '0,1')
+fi
 iperf_rate() {
-    quietly iperf3 -c 127.0.0.1 -p "$iperf_port" -l 1M -t "$iperf_seconds" -J | python3 -c '
+    quietly iperf3 -c 127.0.0.1 -p "$iperf_port" -l 1M "${iperf_affinity[@]}" -t "$iperf_seconds" -J |
+        python3 -c '
 import json, sys
 print("%.1f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8 / 2**20))'
 }
-shown tp-iperf3 "iperf3 -c 127.0.0.1 -p PORT -l 1M -t $iperf_seconds -J (against iperf3 -s -p PORT)"
+shown tp-iperf3 "iperf3 -c 127.0.0.1 -p PORT -l 1M ${iperf_affinity[*]} -t $iperf_seconds -J (against iperf3 -s -p PORT)"
 shown tp-tcp "$speed --mode tcp --no-verify --streams 1 --bytes $bytes"
 
 # The Rust round trips: criterion's estimate for its raw TCP and gomux rows, in µs, as
