@@ -235,8 +235,8 @@ shown tp-go-pair "$peer bench receive -pair -progress 0 -streams K -bytes $bytes
 
 # The transport's limit as iperf3 measures it: MiB/s received, over one loopback connection
 # with 1 MiB writes, against the server started below. With two cores or more, the client and
-# the server are pinned to cores 0 and 1 (-A): a little faster than leaving them to the
-# scheduler, of what was tried on the development machine.
+# the server are pinned to cores 0 and 1 (-A), among the fastest settings tried on the
+# development machine (see scripts/benchmarks-notes.md).
 iperf_affinity=()
 if (($(nproc) >= 2)); then
     iperf_affinity=(-A '0,1')
