@@ -5,9 +5,10 @@
 //!
 //! - `tcp-64KiB/1`, `tcp-1MiB/N`: one raw loopback TCP connection, written in 64 KiB and 1 MiB
 //!   writes and read 1 MiB at a time (`support::BULK`): what the kernel can do without any
-//!   multiplexing. `tcp-1MiB` is the transport's limit, as `iperf3 -l 1M` measures it; it runs
-//!   again just before the rows for each stream count N (always over one connection), so that
-//!   every row's ratio to the limit comes from measurements seconds apart.
+//!   multiplexing. `tcp-1MiB` is the transport's limit: both its ends run on one thread
+//!   (`support::limit_runtime`), which moved the most of what was tried. It runs again just
+//!   before the rows for each stream count N (always over one connection), so that every row's
+//!   ratio to the limit comes from measurements seconds apart.
 //! - `gomux-tcp/N`, `gomux-duplex/N`: gomux over one loopback TCP connection and over an
 //!   in-memory pipe (which isolates the multiplexer from the kernel), N streams.
 //! - `gomux-tcp-zc/N`: as `gomux-tcp`, through the zero-copy API: the writers queue their
@@ -48,6 +49,7 @@ const STREAMS: [usize; 6] = [1, 2, 10, 100, 500, 1000];
 
 fn throughput(c: &mut Criterion) {
     let rt = support::runtime();
+    let limit_rt = support::limit_runtime();
     let total = if support::test_mode() { 4 << 20 } else { TOTAL };
     let mut group = c.benchmark_group("throughput");
     group
@@ -57,6 +59,7 @@ fn throughput(c: &mut Criterion) {
     let mut rows = Rows {
         group,
         rt: &rt,
+        limit_rt: &limit_rt,
         total,
     };
 
@@ -67,7 +70,7 @@ fn throughput(c: &mut Criterion) {
         // measured within seconds of it: the machine's speed drifts more over the run than
         // between neighbouring rows. Labelled with the stream count it goes with; it always
         // uses one connection.
-        let tcp = rt.block_on(support::Tcp::bind());
+        let tcp = limit_rt.block_on(support::Tcp::bind());
         rows.add_baseline(
             "tcp-1MiB",
             tcp.expect("loopback listener"),
@@ -105,6 +108,8 @@ fn throughput(c: &mut Criterion) {
 struct Rows<'a> {
     group: BenchmarkGroup<'a, WallTime>,
     rt: &'a Runtime,
+    /// Where the transport's limit runs.
+    limit_rt: &'a Runtime,
     /// Bytes per iteration, before the per-stream minimum.
     total: u64,
 }
@@ -112,13 +117,13 @@ struct Rows<'a> {
 impl Rows<'_> {
     /// One row: the total over `streams` streams of `connector`, in writes of `chunk` bytes.
     fn add<C: Connector>(&mut self, name: &str, connector: C, streams: usize, chunk: usize) {
-        self.add_labelled(name, connector, streams, streams, chunk);
+        self.add_labelled(name, connector, streams, streams, chunk, self.rt);
     }
 
     /// A one-connection row labelled with the stream count `label` of the rows it is a baseline
     /// for.
     fn add_baseline<C: Connector>(&mut self, name: &str, connector: C, label: usize, chunk: usize) {
-        self.add_labelled(name, connector, 1, label, chunk);
+        self.add_labelled(name, connector, 1, label, chunk, self.limit_rt);
     }
 
     fn add_labelled<C: Connector>(
@@ -128,6 +133,7 @@ impl Rows<'_> {
         streams: usize,
         label: usize,
         chunk: usize,
+        rt: &Runtime,
     ) {
         let connector = Arc::new(connector);
         let total = if support::test_mode() {
@@ -136,7 +142,6 @@ impl Rows<'_> {
             self.total.max(PER_STREAM * streams as u64)
         };
         let payload = Arc::new(Payload::generated(total, chunk));
-        let rt = self.rt;
         self.group
             .throughput(Throughput::Bytes(total))
             .bench_function(BenchmarkId::new(name, label), |b| {

@@ -311,8 +311,9 @@ def main():
     # --- The limit ---------------------------------------------------------------------------
     section(
         run, "The transport's limit",
-        ["One loopback TCP connection, reads and writes of 1 MiB, nothing hashed: `iperf3`, and the",
-         "speed tool's `tcp` mode. A multiplexer carries all its streams over one such connection,",
+        ["One loopback TCP connection, reads and writes of 1 MiB, nothing hashed: `iperf3` (its two",
+         "ends pinned to two cores), and the speed tool's `tcp` mode (its two ends on one thread).",
+         "A multiplexer carries all its streams over one such connection,",
          "so the limit of every row below is this one-connection figure, whatever the stream count.",
          "Both are measured beside the rows of each stream count, in the same round and in turn with",
          "them; the better of the two is the limit those rows are held against. MiB/s:"],

@@ -6,7 +6,7 @@
 #
 # - throughput at each stream count: the transport's limit, `iperf3 -l 1M -A 0,1` over loopback
 #   and the speed tool's `tcp` mode without hashing (examples/speed.rs: one connection, reads and
-#   writes of 1 MiB), the better of the two being the limit for that stream count in that
+#   writes of 1 MiB, both ends on one thread), the better of the two being the limit for that stream count in that
 #   round; then, with 64 KiB writes, through the speed tool: this crate
 #   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
 #   both ends (`mux-tcp`, against Go gomux doing the same: `--mode go`, sender and receiver in
