@@ -110,9 +110,7 @@ impl FrameCodec {
         src.advance(HEADER_LEN);
         Ok(Some(header))
     }
-}
 
-impl FrameCodec {
     /// Decodes the next whole frame at the front of `src` and returns its header, leaving a Data
     /// frame's payload at the front of `src` for the caller to take (all `header.length` bytes of
     /// it are there). The session copies short payloads out of the read buffer from there, which

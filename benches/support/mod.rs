@@ -184,8 +184,9 @@ pub fn runtime() -> Runtime {
 
 /// The runtime of the transport's limit: raw TCP with both ends on one thread. On the
 /// development machine (two cores) that moved 7,974–8,243 MiB/s, against 4,175–5,525 on
-/// [`runtime`]'s two workers (`speed --mode tcp --no-verify --bytes 4G`, seven runs each way,
-/// 2026-11-22): the copies into the kernel and out of it stay in one core's cache.
+/// [`runtime`]'s two workers (`speed --mode tcp --no-verify --bytes 4G`, seven runs each way
+/// on 2026-11-22, the two-worker ones from before the mode ran here): likely because the
+/// copies into the kernel and out of it stay in one core's cache.
 pub fn limit_runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

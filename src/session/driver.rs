@@ -383,25 +383,19 @@ where
             let buf = self.read_buf.get_mut();
             match self.codec.decode_complete(buf) {
                 Ok(Some(header)) => {
-                    let len = header.length as usize;
-                    let applied = match header.kind {
-                        // A short payload is copied out by the stream: straight from here.
-                        Kind::Data if len < PIN_MIN => {
-                            let payload = Payload::Borrowed(&buf[..len]);
-                            let applied =
-                                inner.on_received(header, payload, source, now, &mut self.wakers);
-                            buf.advance(len);
-                            applied
-                        }
-                        Kind::Data => {
-                            let payload = Payload::Shared(buf.split_to(len).freeze());
-                            inner.on_received(header, payload, source, now, &mut self.wakers)
-                        }
-                        _ => {
-                            let payload = Payload::Borrowed(&[]);
-                            inner.on_received(header, payload, source, now, &mut self.wakers)
-                        }
+                    let len = match header.kind {
+                        Kind::Data => header.length as usize,
+                        _ => 0,
                     };
+                    // A long payload stays a slice of the read buffer; a short one (and the
+                    // empty one of other kinds) is copied out by the stream straight from here.
+                    let (payload, rest) = if len >= PIN_MIN {
+                        (Payload::Shared(buf.split_to(len).freeze()), 0)
+                    } else {
+                        (Payload::Borrowed(&buf[..len]), len)
+                    };
+                    let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
+                    buf.advance(rest);
                     if let Err(error) = applied {
                         break Err(error);
                     }

@@ -6,7 +6,7 @@
 //! default, SipHash-1-3, is both, but runs several rounds of mixing for a 4-byte key. This hash
 //! is one 64 × 64 → 128-bit multiply per word, folded (the high half XORed into the low),
 //! of the word XORed with a secret drawn per map from std's own random keys: the construction
-//! that `ahash` and `foldhash` use when they have no AES instructions. Without the key a peer
+//! of `foldhash`, and of `ahash` where it has no AES instructions. Without the key a peer
 //! cannot tell which ids share a bucket.
 
 use std::collections::hash_map::RandomState;
