@@ -88,6 +88,7 @@ pub struct Config {
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) close_timeout: Duration,
     pub(crate) accept_backlog: usize,
+    pub(crate) open_backlog: usize,
     pub(crate) max_streams: usize,
     pub(crate) write_buffer_size: usize,
     pub(crate) write_stall_timeout: Option<Duration>,
@@ -108,6 +109,7 @@ impl Default for Config {
             idle_timeout: None,
             close_timeout: Duration::from_secs(10),
             accept_backlog: 1024,
+            open_backlog: 256,
             max_streams: 8192,
             write_buffer_size: 1024 * 1024,
             write_stall_timeout: None,
@@ -231,8 +233,26 @@ impl Config {
         self
     }
 
-    /// Live streams per session, both directions together, default 8192. Opening one more fails
-    /// that open with [`Error::TooManyStreams`](crate::Error::TooManyStreams); a peer's open
+    /// Streams of ours that a peer of this crate has not acknowledged yet, default 256: beyond
+    /// it, [`Session::open`](crate::Session::open) waits (in order of arrival, cancel-safe)
+    /// until the peer's application accepts one of them, or refuses or closes it. A peer of this
+    /// crate acknowledges each stream its application accepts, so a burst of opens never
+    /// overruns its accept backlog (1024 by default, well above this): a refusal then means
+    /// the peer is closing, at its `max_streams`, or slow to accept for longer than this
+    /// backlog covers. Towards a Go peer, which acknowledges nothing, nothing waits; until the
+    /// peer's first frame shows which it is, opens beyond the backlog wait for it at most one
+    /// second from the session's start. It bounds the streams of ours queued at the peer; at
+    /// least 1.
+    #[must_use = "a setter returns the changed configuration"]
+    pub fn open_backlog(mut self, streams: usize) -> Config {
+        self.open_backlog = streams.max(1);
+        self
+    }
+
+    /// Live streams per session, both directions together, default 8192.
+    /// [`Session::open`](crate::Session::open) waits while there are as many (in the same line
+    /// as for [`open_backlog`](Config::open_backlog)), [`Session::try_open`](crate::Session::try_open)
+    /// fails with [`Error::TooManyStreams`](crate::Error::TooManyStreams); a peer's open
     /// beyond it is refused with CloseStream. With the receive window this bounds the data a
     /// session buffers (8192 × 64 KiB = 512 MiB at the defaults, plus the 64 MiB
     /// window-growth budget, reached only if no stream is read). Clamped to 1..=2^30.

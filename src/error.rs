@@ -241,6 +241,17 @@ pub enum Error {
     /// timeout (the peer stopped reading while keeping the connection open); the session is
     /// over. (`TimedOut`)
     WriteStalled,
+    /// The peer refused the stream before its application accepted it (its accept backlog was
+    /// full, it had reached its `max_streams`, or it was closing): nothing written on the stream
+    /// reached the peer's application, so the request is safe to retry, on this session or
+    /// another. Only a peer of this crate says so (it acknowledges every stream its application
+    /// accepts); a stream that a Go peer closes reads as an ordinary end of stream.
+    /// (`ConnectionRefused`)
+    Refused,
+    /// The peer, which announced that it sends something at least every keepalive interval,
+    /// sent nothing for twice that interval: it is dead, paused, or cut off. The session is
+    /// over. (`TimedOut`)
+    KeepaliveTimeout,
     /// [`Session::graceful_close`](crate::Session::graceful_close) reached its deadline with
     /// streams still open; the session was closed all the same, cutting them. (`TimedOut`)
     GracefulCloseTimedOut {
@@ -284,7 +295,7 @@ impl Error {
     pub fn is_session_end(&self) -> bool {
         !matches!(
             self,
-            Error::TooManyStreams | Error::WriteClosed | Error::PeerReadClosed
+            Error::TooManyStreams | Error::WriteClosed | Error::PeerReadClosed | Error::Refused
         )
     }
 
@@ -296,7 +307,11 @@ impl Error {
             Error::ClosedByPeer => io::ErrorKind::ConnectionAborted,
             Error::ConnectionClosed => io::ErrorKind::ConnectionReset,
             Error::UnexpectedEof => io::ErrorKind::UnexpectedEof,
-            Error::IdleTimeout | Error::WriteStalled | Error::GracefulCloseTimedOut { .. } => {
+            Error::Refused => io::ErrorKind::ConnectionRefused,
+            Error::IdleTimeout
+            | Error::KeepaliveTimeout
+            | Error::WriteStalled
+            | Error::GracefulCloseTimedOut { .. } => {
                 io::ErrorKind::TimedOut
             }
             Error::Transport(e) => e.kind(),
@@ -321,6 +336,12 @@ impl fmt::Display for Error {
             Error::PeerReadClosed => f.write_str("peer closed the stream for reading"),
             Error::WriteStalled => {
                 f.write_str("the transport took no bytes within the write-stall timeout")
+            }
+            Error::Refused => f.write_str(
+                "stream refused by the peer before its application accepted it (safe to retry)",
+            ),
+            Error::KeepaliveTimeout => {
+                f.write_str("the peer sent nothing for twice its keepalive interval")
             }
             Error::GracefulCloseTimedOut { streams } => write!(
                 f,

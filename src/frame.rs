@@ -29,6 +29,15 @@ pub const MAX_PAYLOAD: usize = 0x1_0000;
 /// The credit every stream direction starts with, fixed by the protocol.
 pub const INITIAL_WINDOW: u32 = 0x1_0000;
 
+/// The stream id of the greeting: a [`Kind::Keepalive`] frame that every session of this crate
+/// sends first, whose length field is the sender's keepalive interval in milliseconds (0: it
+/// sends none; intervals beyond the field's 4.6 hours are announced as 0). A Go peer does nothing
+/// with a keepalive, whatever its id and length; a peer of this crate learns from it that the
+/// other end acknowledges the streams it accepts (so a stream closed before any frame came back
+/// was refused) and how often it hears from it at the least (so a silent peer is a dead one).
+/// The bytes spell `gmux` on the wire.
+pub const GREETING_ID: u32 = u32::from_le_bytes(*b"gmux");
+
 /// What a frame is. The Go implementation calls this field "flags".
 ///
 /// The half-close kinds are named for what the **receiver** must do: a side that stops

@@ -170,6 +170,7 @@
 //! |---|---|---|
 //! | [`max_streams`](Config::max_streams) | 8192 | live streams, both directions |
 //! | [`accept_backlog`](Config::accept_backlog) | 1024 | inbound streams waiting for `accept`; more are refused |
+//! | [`open_backlog`](Config::open_backlog) | 256 | our streams a peer of this crate has not acknowledged; `open` waits beyond it |
 //! | [`receive_window`](Config::receive_window) | 64 KiB | data buffered per stream for a reader that does not read |
 //! | [`max_receive_window`](Config::max_receive_window) | 16 MiB | how far one stream's window grows |
 //! | [`receive_window_budget`](Config::receive_window_budget) | 64 MiB | growth of all windows together |

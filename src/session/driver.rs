@@ -21,10 +21,9 @@ use std::time::Duration;
 use bytes::Buf;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
-use tokio_util::codec::Decoder;
 
 use super::core::recv_buf::{Payload, PIN_MIN};
-use super::core::{Batch, Shared};
+use super::core::{Batch, PeerKind, Shared};
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
 use crate::codec::FrameCodec;
@@ -91,6 +90,11 @@ pub struct Connection<T> {
     /// Built on the first poll, inside the runtime (a `Sleep` needs its time driver).
     keepalive: Option<Timer>,
     idle: Option<Timer>,
+    /// Twice the keepalive interval a peer of this crate announced: silence that long means
+    /// it is dead (see `Error::KeepaliveTimeout`). Set once its greeting has come.
+    liveness: Option<Timer>,
+    /// The peer's kind is known, so `liveness` is settled.
+    peer_known: bool,
     timers_started: bool,
     /// Armed while the transport takes none of the bytes waiting for it.
     stall: Option<Pin<Box<Sleep>>>,
@@ -135,11 +139,19 @@ enum Phase {
     Done,
 }
 
+/// How long a silence timer (idle timeout, the peer's keepalive) waits, once it has expired,
+/// before it believes it: a process resumed after a pause (a VM paused, a debugger, a laptop
+/// asleep) sees its timers expire before its runtime has polled the transport, where the
+/// peer's frames may be waiting. Any sleep makes the runtime poll its I/O first.
+const SILENCE_CONFIRM: Duration = Duration::from_millis(50);
+
 /// A periodic check: fires `interval` after the last activity.
 struct Timer {
     interval: Duration,
     last: Instant,
     sleep: Pin<Box<Sleep>>,
+    /// For a silence timer: expired once, and waiting [`SILENCE_CONFIRM`] to be sure.
+    confirm: Option<bool>,
 }
 
 impl Timer {
@@ -149,6 +161,16 @@ impl Timer {
             interval,
             last: now,
             sleep: Box::pin(tokio::time::sleep_until(now + interval)),
+            confirm: None,
+        }
+    }
+
+    /// A timer of the peer's silence: it fires only if nothing arrived for [`SILENCE_CONFIRM`]
+    /// more after it expired.
+    fn silence(interval: Duration) -> Timer {
+        Timer {
+            confirm: Some(false),
+            ..Timer::new(interval)
         }
     }
 
@@ -158,7 +180,17 @@ impl Timer {
             return false;
         }
         let deadline = self.last + self.interval;
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline && self.confirm == Some(false) {
+            self.confirm = Some(true);
+            self.sleep.as_mut().reset(now + SILENCE_CONFIRM);
+            let _ = self.sleep.as_mut().poll(cx);
+            return false;
+        }
+        if self.confirm.is_some() {
+            self.confirm = Some(false);
+        }
+        if now >= deadline {
             self.last = Instant::now();
             self.sleep.as_mut().reset(self.last + self.interval);
             let _ = self.sleep.as_mut().poll(cx);
@@ -225,6 +257,8 @@ where
             write_stall_timeout: stall,
             keepalive: None,
             idle: None,
+            liveness: None,
+            peer_known: false,
             timers_started: false,
             stall: None,
             stall_armed: false,
@@ -292,6 +326,10 @@ where
     fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
         let mut budget = READ_BUDGET;
         loop {
+            if self.read_closed {
+                // After a CloseMux or a broken frame, what follows is not the session's.
+                return false;
+            }
             if !self.read_buf.is_empty() || self.read_paused {
                 match self.apply_frames() {
                     Ok(true) => {
@@ -302,6 +340,9 @@ where
                     }
                     Ok(false) => self.read_paused = false,
                     Err(error) => {
+                        // Nothing after a CloseMux or a broken frame is read: the session is
+                        // over, and what follows a CloseMux stays for `into_inner`.
+                        self.read_closed = true;
                         self.end_by_peer(error);
                         return false;
                     }
@@ -342,8 +383,9 @@ where
                     return false;
                 }
             };
-            if let Some(idle) = &mut self.idle {
-                idle.last = Instant::now();
+            let now = Instant::now();
+            for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
+                silence.last = now;
             }
             budget = budget.saturating_sub(n);
             if budget == 0 {
@@ -353,6 +395,7 @@ where
                 match self.apply_frames() {
                     Ok(paused) => self.read_paused = paused,
                     Err(error) => {
+                        self.read_closed = true;
                         self.end_by_peer(error);
                         return false;
                     }
@@ -407,9 +450,30 @@ where
                 Err(CodecError::InvalidFrame(_)) => break Ok(false),
             }
         };
+        let kind = inner.peer_kind();
         drop(inner);
+        if !self.peer_known {
+            self.learn_peer(kind);
+        }
         self.wake_collected();
         result
+    }
+
+    /// Once the peer's first frame told what it is: a peer of this crate that announced a
+    /// keepalive interval is expected to send something at least that often, so twice that
+    /// silence ends the session. (A keepalive goes out after an interval without writes, so a
+    /// live peer is never silent longer than one interval plus the way here.)
+    fn learn_peer(&mut self, kind: PeerKind) {
+        match kind {
+            PeerKind::Unknown => {}
+            PeerKind::Greeted {
+                keepalive: Some(interval),
+            } => {
+                self.peer_known = true;
+                self.liveness = Some(Timer::silence(interval.saturating_mul(2)));
+            }
+            PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
+        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -612,10 +676,20 @@ where
         if !self.timers_started {
             self.timers_started = true;
             self.keepalive = self.keepalive_interval.map(Timer::new);
-            self.idle = self.idle_timeout.map(Timer::new);
+            self.idle = self.idle_timeout.map(Timer::silence);
+        }
+        if self.read_paused {
+            // Not reading is our doing, not the peer's silence.
+            let now = Instant::now();
+            for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
+                silence.last = now;
+            }
         }
         if self.idle.as_mut().is_some_and(|t| t.poll_expired(cx)) {
             self.end(Error::IdleTimeout, true);
+        }
+        if self.liveness.as_mut().is_some_and(|t| t.poll_expired(cx)) {
+            self.end(Error::KeepaliveTimeout, true);
         }
         if self.keepalive.as_mut().is_some_and(|t| t.poll_expired(cx)) {
             self.shared.lock().queue_keepalive();
@@ -656,7 +730,13 @@ where
         self.wake_collected();
     }
 
-    /// Flushing, shutting down and draining, within the close timeout.
+    /// Flushing, shutting down and draining, within the close timeout. The transport is read in
+    /// every phase, and what arrives is applied (data stays readable): two ends that close at
+    /// once while both have bytes queued each flush towards a peer that reads, where reading
+    /// only after the flush left both waiting for the other until the close timeout
+    /// (`tests/close_paths.rs`, `both_ends_closing_while_busy_*`). Reading stops at the peer's
+    /// CloseMux (what follows stays in the transport, for `into_inner`), at a protocol error,
+    /// and at the end of the transport.
     fn poll_closing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self
             .close_deadline
@@ -671,6 +751,7 @@ where
             self.finish(error);
             return Poll::Ready(());
         }
+        let more_to_read = self.poll_read_frames(cx);
         if self.phase == Phase::Flushing {
             let transport_dead = self.write_failed.is_some()
                 || matches!(
@@ -684,7 +765,7 @@ where
                 return Poll::Ready(());
             }
             match self.poll_write_out(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return self.pending_closing(cx, more_to_read),
                 Poll::Ready(Err(e)) if self.peer_closed && peer_gone(&e) => {
                     // The peer closed the session and is gone: nothing of ours was owed to it.
                     self.finish(None);
@@ -699,7 +780,7 @@ where
         }
         if self.phase == Phase::ShuttingDown {
             match Pin::new(&mut self.io).poll_shutdown(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return self.pending_closing(cx, more_to_read),
                 Poll::Ready(result) => {
                     // A peer that closed first makes shutdown fail; the session is over either
                     // way.
@@ -722,37 +803,20 @@ where
         // our CloseMux; so read until it closes too. (Both ends of this crate closing at once
         // once saw `ConnectionReset` or `BrokenPipe`: `tests/core_findings_b.rs`,
         // `closing_a_busy_session_*`, `both_ends_closing_at_once_*`.)
-        // It stops at the peer's CloseMux too, leaving what follows in the transport (for
-        // `into_inner`).
-        while !self.read_closed {
-            loop {
-                match self.codec.decode(self.read_buf.get_mut()) {
-                    Ok(Some(frame)) if frame.header.kind == Kind::CloseMux => {
-                        self.read_closed = true;
-                        break;
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => break,
-                    Err(_) => {
-                        self.read_closed = true;
-                        break;
-                    }
-                }
-            }
-            if self.read_closed {
-                break;
-            }
-            let missing = self.codec.payload_missing(self.read_buf.get_mut());
-            self.read_buf.prepare(missing);
-            let read_buf = self.read_buf.get_mut();
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0) | Err(_)) => self.read_closed = true,
-                Poll::Ready(Ok(_)) => {}
-            }
+        if !self.read_closed {
+            return self.pending_closing(cx, more_to_read);
         }
         self.finish(None);
         Poll::Ready(())
+    }
+
+    /// Waits in a closing phase: at once again if the read budget ran out (the transport may
+    /// have more), otherwise for the transport or the close deadline, both registered.
+    fn pending_closing(&mut self, cx: &mut Context<'_>, more_to_read: bool) -> Poll<()> {
+        if more_to_read {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 

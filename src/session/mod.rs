@@ -9,7 +9,8 @@ use std::fmt;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -176,21 +177,86 @@ impl Session {
 
     /// Opens a new stream. The peer learns of it with the first frame; data may follow at once.
     ///
-    /// Waits only while the outgoing queue is full (the transport is slower than the writers).
-    /// Cancel safe: a dropped `open` future has opened nothing.
+    /// Waits, in one line in order of arrival, while a stream may not be opened yet:
+    ///
+    /// - [`Config::max_streams`] streams are live;
+    /// - a peer of this crate has [`Config::open_backlog`] (256) streams of ours that its
+    ///   application has not accepted yet, so that a burst of opens never overruns its accept
+    ///   backlog. Towards a Go peer, which acknowledges nothing, this never waits; until the
+    ///   peer has sent its first frame it waits at most one second from the session's start;
+    /// - the outgoing queue is full (the transport is slower than the writers).
+    ///
+    /// A peer whose application stops accepting keeps `open` waiting; a session that ends
+    /// ends the wait with its error. Wrap it in [`tokio::time::timeout`] to bound the wait, or
+    /// use [`try_open`](Session::try_open). Cancel safe: a dropped `open` future has opened
+    /// nothing and gives its place in line to the next.
     ///
     /// # Errors
     ///
-    /// [`Error::TooManyStreams`] when `max_streams` streams are live (only this open fails), or
-    /// the error that ended the session.
+    /// The error that ended the session, or [`Error::ClosedLocally`] once
+    /// [`graceful_close`](Session::graceful_close) was called.
     pub async fn open(&self) -> Result<Stream, Error> {
-        let mut waiting = Waiting::new(&self.shared, Inner::opener_gone);
-        let (key, id) = poll_fn(|cx| {
-            self.shared
-                .with_driver(|inner, _| inner.poll_open(cx.waker(), &mut waiting.slot))
+        let mut room = Waiting::new(&self.shared, Inner::opener_gone);
+        let mut line = Waiting::new(&self.shared, Inner::open_line_gone);
+        let mut greeting_wait: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let (key, id) = poll_fn(|cx| loop {
+            let (opened, deadline) = self.shared.with_driver(|inner, wakers| {
+                let opened =
+                    inner.poll_open(cx.waker(), &mut room.slot, &mut line.slot, true, wakers);
+                (opened, inner.open_deadline(line.slot))
+            });
+            if opened.is_ready() {
+                return opened;
+            }
+            // Held for a greeting that has not come: wake when the wait for it is over.
+            let Some(deadline) = deadline else {
+                return Poll::Pending;
+            };
+            let sleep =
+                greeting_wait.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            greeting_wait = None;
         })
         .await?;
         Ok(Stream::new(Arc::clone(&self.shared), key, id))
+    }
+
+    /// Opens a new stream if one may be opened now, without waiting: the immediate answer
+    /// where [`open`](Session::open) would wait in line. Its OpenStream is queued even when the
+    /// outgoing queue is full.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let config = gomux::Config::default().max_streams(1);
+    /// let client = gomux::Session::with_config(a, gomux::Role::Client, config);
+    /// let _server = gomux::Session::server(b);
+    /// let first = client.try_open()?;
+    /// assert!(matches!(client.try_open(), Err(gomux::Error::TooManyStreams)));
+    /// # drop(first);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TooManyStreams`] when `max_streams` streams are live, a peer of this crate has
+    /// `open_backlog` streams of ours unacknowledged, or opens wait in line already; otherwise
+    /// as [`open`](Session::open).
+    pub fn try_open(&self) -> Result<Stream, Error> {
+        let (mut room, mut line) = (None, None);
+        let opened = self.shared.with_driver(|inner, wakers| {
+            inner.poll_open(Waker::noop(), &mut room, &mut line, false, wakers)
+        });
+        match opened {
+            Poll::Ready(Ok((key, id))) => Ok(Stream::new(Arc::clone(&self.shared), key, id)),
+            Poll::Ready(Err(error)) => Err(error),
+            // It waits for nothing.
+            Poll::Pending => Err(Error::TooManyStreams),
+        }
     }
 
     /// Waits for the next stream the peer opens.

@@ -103,6 +103,7 @@ impl Inner {
         self.life.end = Some(error);
         self.life.send_close_mux = send_close_mux;
         self.wake_all_outgoing(wakers);
+        self.peer.wake_all(wakers);
         self.accept_waiters.wake_all(wakers);
         self.life.idle_waiters.wake_all(wakers);
         wakers.extend(self.stop_waiters.drain().filter_map(|(_, waker)| waker));
@@ -124,6 +125,7 @@ impl Inner {
         self.life.closing_gracefully = true;
         self.accept_waiters.wake_all(wakers);
         self.wake_openers(wakers);
+        self.peer.wake_all(wakers);
         self.check_draining(wakers);
     }
 

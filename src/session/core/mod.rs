@@ -13,12 +13,14 @@
 //! | `send.rs` | opens, writes, closes, flushes, handles going away |
 //! | `outgoing.rs` | the data queue, the control queue, and who waits for them |
 //! | `lifecycle.rs` | how a session ends, and what its handles learn of it |
+//! | `peer.rs` | what the peer is (greeted or plain), and the opens waiting for its acknowledgements |
 //!
 //! One mutex guards it all, and it is never held across an `.await` or a transport call.
 
 mod id_hash;
 mod lifecycle;
 mod outgoing;
+mod peer;
 mod recv;
 pub(crate) mod recv_buf;
 mod send;
@@ -36,7 +38,9 @@ use tokio::time::Instant;
 use self::id_hash::IdMap;
 use self::lifecycle::Lifecycle;
 pub(crate) use self::outgoing::Batch;
-use self::outgoing::Outgoing;
+use self::outgoing::{Control, Outgoing};
+use self::peer::Peer;
+pub(crate) use self::peer::PeerKind;
 use self::recv_buf::{PinLedger, TAIL_POOL};
 use self::slab::Slab;
 use self::stream_state::StreamState;
@@ -70,6 +74,7 @@ impl Shared {
         let mut inner = self.lock();
         let result = f(&mut inner, &mut wakers);
         inner.wake_if_idle(&mut wakers);
+        inner.wake_opener_if_able(&mut wakers);
         let driver = if inner.driver_needed() {
             inner.driver_waker.take()
         } else {
@@ -103,6 +108,8 @@ pub(crate) struct Inner {
     stop_waiters: IdMap<usize, Option<Waker>>,
     out: Outgoing,
     life: Lifecycle,
+    /// What the peer is, its unacknowledged streams, and the opens waiting for them.
+    peer: Peer,
     /// The driver's waker, taken by whoever gives it something to do.
     driver_waker: Option<Waker>,
     /// The driver sleeps with a batch in hand that the transport does not take yet: the
@@ -126,7 +133,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     fn new(role: Role, config: Config, now: Instant) -> Inner {
-        Inner {
+        let mut inner = Inner {
             id: next_session_id(),
             role,
             streams: Slab::new(),
@@ -137,6 +144,7 @@ impl Inner {
             stop_waiters: IdMap::default(),
             out: Outgoing::new(),
             life: Lifecycle::new(),
+            peer: Peer::new(now),
             driver_waker: None,
             driver_writing: false,
             clock: now,
@@ -147,6 +155,30 @@ impl Inner {
             pins: PinLedger::default(),
             window_budget: config.receive_window_budget,
             config,
+        };
+        // The greeting goes first, ahead of anything else this side sends (see `peer.rs`).
+        let greeting = peer::greeting(inner.config.keepalive_interval);
+        inner.queue_control(Control::Frame(greeting));
+        inner
+    }
+
+    /// What this side knows of its peer.
+    pub(crate) fn peer_kind(&self) -> PeerKind {
+        self.peer.kind
+    }
+
+    /// Whether an open may create a stream at `now`: below `max_streams`, and below the
+    /// backlog of unacknowledged streams unless the peer acknowledges none.
+    fn may_open(&self, now: Instant) -> bool {
+        self.streams.len() < self.config.max_streams
+            && (self.peer.unacked < self.config.open_backlog || !self.peer.holds_opens(now))
+    }
+
+    /// Wakes the open first in line if it may open now (a stream was acknowledged or went
+    /// away, the peer became known). It wakes the next one when it has opened.
+    pub(crate) fn wake_opener_if_able(&mut self, wakers: &mut Vec<Waker>) {
+        if self.peer.has_waiting() && self.may_open(Instant::now()) {
+            self.peer.wake_next(wakers);
         }
     }
 

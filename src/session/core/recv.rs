@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
-use super::stream_state::{Queued, RecvState, StreamState, WriteWait};
+use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
+use super::PeerKind;
 use super::Inner;
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
@@ -48,6 +49,11 @@ impl Inner {
         now: Instant,
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
+        if self.peer.kind == PeerKind::Unknown {
+            self.peer.on_first_frame(&header);
+            // Opens held for the greeting may go (towards a plain peer, all of them).
+            self.wake_opener_if_able(wakers);
+        }
         let Header { id, length, kind } = header;
         self.stats.frames_received += 1;
         self.stats.bytes_received += (HEADER_LEN + payload.len()) as u64;
@@ -57,7 +63,10 @@ impl Inner {
             Kind::OpenStream => self.on_open(id, wakers)?,
             Kind::CloseRead => self.on_peer_close(id, wakers, StreamState::on_peer_shut),
             Kind::CloseWrite => self.on_peer_close(id, wakers, StreamState::on_peer_stopped),
-            Kind::CloseStream => self.on_peer_close(id, wakers, StreamState::on_peer_closed),
+            Kind::CloseStream if self.peer.greeted() => {
+                self.on_peer_close(id, wakers, |s| s.on_peer_closed(true))
+            }
+            Kind::CloseStream => self.on_peer_close(id, wakers, |s| s.on_peer_closed(false)),
             Kind::Keepalive => self.stats.keepalives_received += 1,
             Kind::CloseMux => return Err(Error::ClosedByPeer),
         }
@@ -84,7 +93,10 @@ impl Inner {
         if stream.recv == RecvState::PeerShut {
             return Err(ProtocolError::DataAfterClose { id }.into());
         }
-        stream.peer.heard();
+        if stream.peer.heard() {
+            self.acknowledged(wakers);
+            return self.on_data(id, payload, source, now, wakers);
+        }
         let length = payload.len() as u32;
         stream
             .window
@@ -146,9 +158,14 @@ impl Inner {
                 increment,
             },
         )?;
+        let first = stream.peer.heard();
         if increment > 0 {
-            stream.peer.heard();
             stream.wake_writer(WriteWait::Credit, wakers);
+        }
+        if first {
+            // A peer of this crate acknowledges a stream its application accepted with a
+            // WindowUpdate, perhaps of 0.
+            self.acknowledged(wakers);
         }
         Ok(())
     }
@@ -159,6 +176,11 @@ impl Inner {
         }
         if self.ids.contains_key(&id) {
             return Err(ProtocolError::DuplicateStream { id }.into());
+        }
+        if self.life.ended() {
+            // The session is closing: the peer's stream fails with our CloseMux, and a refusal
+            // would only add to what the closing driver has to write.
+            return Ok(());
         }
         if self.life.draining()
             || self.accept_queue.len() >= self.config.accept_backlog
@@ -181,26 +203,48 @@ impl Inner {
             stream = id,
             "inbound stream queued"
         );
-        // The accept queue holds the stream's handles until `accept` hands them out.
+        // The accept queue holds the stream's handles until `accept` hands them out. Its
+        // window, if above the initial one, is announced when it is accepted: that is the
+        // acknowledgement (see `poll_accept`).
         let key = self.insert_stream(id);
-        if self.streams.get(key).is_some_and(|s| s.window.owes()) {
-            self.queue_credit(key);
+        if let Some(stream) = self.streams.get_mut(key) {
+            let _ = stream.peer.heard(); // It opened the stream.
         }
         self.accept_queue.push_back(key);
         self.accept_waiters.wake_all(wakers);
         Ok(())
     }
 
-    fn on_peer_close(&mut self, id: u32, wakers: &mut Vec<Waker>, apply: fn(&mut StreamState)) {
+    /// The peer said its first word about a stream of ours (acknowledged it, refused or closed
+    /// it): it leaves the backlog, and the next open waiting may go.
+    fn acknowledged(&mut self, wakers: &mut Vec<Waker>) {
+        self.peer.unacked = self.peer.unacked.saturating_sub(1);
+        self.wake_opener_if_able(wakers);
+    }
+
+    fn on_peer_close(
+        &mut self,
+        id: u32,
+        wakers: &mut Vec<Waker>,
+        apply: impl FnOnce(&mut StreamState),
+    ) {
         let Some(key) = self.key_of(id) else {
             return;
         };
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
+        let first = stream.peer == PeerSaid::Nothing;
         apply(stream);
         stream.wake_all(wakers);
-        if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
+        let stopped = stream.peer.stopped().is_some();
+        if first {
+            self.acknowledged(wakers);
+        }
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if stopped && stream.queued.has(Queued::STOP) {
             stream.queued.set(Queued::STOP, false);
             wakers.extend(self.stop_waiters.remove(&key).flatten());
         }
@@ -235,7 +279,25 @@ impl Inner {
             return Poll::Ready(Err(Error::ClosedLocally));
         }
         if let Some(key) = self.accept_queue.pop_front() {
-            let id = self.streams.get(key).map_or(0, |s| s.id);
+            let greeted = self.peer.greeted();
+            let Some(stream) = self.streams.get_mut(key) else {
+                return Poll::Ready(Ok((key, 0)));
+            };
+            let id = stream.id;
+            // The acknowledgement a peer of this crate waits for (its backlog, and how it tells
+            // a refusal from a close), carrying the window above the initial one if any. A Go
+            // peer needs only the window.
+            let credit = stream.window.take_update();
+            if stream.may_send_frames() && (greeted || credit.is_some()) {
+                self.queue_control(Control::Frame(Header {
+                    id,
+                    length: credit.unwrap_or(0),
+                    kind: Kind::WindowUpdate,
+                }));
+            }
+            if self.streams.get(key).is_some_and(|s| s.window.owes()) {
+                self.queue_credit(key);
+            }
             return Poll::Ready(Ok((key, id)));
         }
         if let Some(error) = self.end_reason() {
@@ -315,6 +377,9 @@ impl Inner {
                 }
             }
             return Poll::Ready(Ok(Some(result)));
+        }
+        if stream.refused() {
+            return Poll::Ready(Err(Error::Refused));
         }
         if stream.recv == RecvState::PeerShut {
             return Poll::Ready(Ok(None)); // End of stream.

@@ -5,19 +5,28 @@ use std::task::{Poll, Waker};
 
 use bytes::Bytes;
 
-use super::stream_state::{Closed, Queued, RecvState, SendState, WriteWait};
+use super::stream_state::{Closed, PeerSaid, Queued, RecvState, SendState, WriteWait};
 use super::Inner;
 use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::trace::event;
 
 impl Inner {
-    /// Opens a stream: the next free id of this side's parity, announced with OpenStream. An
-    /// `open` future waiting for room holds `slot` among the openers.
+    /// Opens a stream: the next free id of this side's parity, announced with OpenStream.
+    ///
+    /// An `open` future waits, in one line in order of arrival (`line`, see `peer.rs`), while
+    /// `max_streams` streams are live or the peer has `open_backlog` of ours unacknowledged;
+    /// then, holding its place, for room in the data queue (`slot` among the openers).
+    /// `try_open` (`wait` false) waits for nothing: it fails with `TooManyStreams` where `open`
+    /// would wait in line, and queues its OpenStream even beyond the data queue's bound (the
+    /// streams it may open are bounded by `max_streams`).
     pub(crate) fn poll_open(
         &mut self,
         waker: &Waker,
         slot: &mut Option<usize>,
+        line: &mut Option<usize>,
+        wait: bool,
+        wakers: &mut Vec<Waker>,
     ) -> Poll<Result<(usize, u32), Error>> {
         if let Some(error) = self.life.unusable() {
             return Poll::Ready(Err(error.clone()));
@@ -25,13 +34,20 @@ impl Inner {
         if self.life.closing_gracefully() {
             return Poll::Ready(Err(Error::ClosedLocally));
         }
-        if self.streams.len() >= self.config.max_streams {
-            return Poll::Ready(Err(Error::TooManyStreams));
+        let now = tokio::time::Instant::now();
+        if !self.peer.first_in_line(*line) || !self.may_open(now) {
+            if !wait {
+                return Poll::Ready(Err(Error::TooManyStreams));
+            }
+            self.peer.wait(line, waker);
+            return Poll::Pending;
         }
-        if !self.take_opener_grant(*slot) && !self.data_has_room() {
+        if wait && !self.take_opener_grant(*slot) && !self.data_has_room() {
             self.opener_waits(slot, waker);
             return Poll::Pending;
         }
+        self.peer.leave(line);
+        self.peer.unacked += 1;
         // Ids wrap at 2^32; skip any still live. `max_streams` is clamped below 2^31, which
         // guarantees a free one.
         let mut id = self.next_id;
@@ -57,6 +73,8 @@ impl Inner {
         self.set_mark(key, mark, false);
         self.stats.streams_opened += 1;
         event!(trace, session = self.id, stream = id, "stream opened");
+        // The next in line may open too.
+        self.wake_opener_if_able(wakers);
         Poll::Ready(Ok((key, id)))
     }
 
@@ -157,6 +175,9 @@ impl Inner {
     /// next write: with thousands of short streams, over a third of the time (see the
     /// `streams` bench in BENCHMARK-HISTORY.md).
     pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
+        if self.refused(key) {
+            return Poll::Ready(Err(Error::Refused));
+        }
         if self.life.unusable().is_none() {
             return Poll::Ready(Ok(()));
         }
@@ -166,6 +187,10 @@ impl Inner {
     /// Ready once everything the stream queued, closes included, has been written to the
     /// transport.
     pub(crate) fn poll_written(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
+        if self.refused(key) {
+            // What it wrote never reached the peer's application.
+            return Poll::Ready(Err(Error::Refused));
+        }
         if self.is_written(key) {
             return Poll::Ready(Ok(()));
         }
@@ -284,6 +309,10 @@ impl Inner {
         };
         let id = stream.id;
         let send_close = stream.closed == Closed::No && !ended;
+        if stream.peer == PeerSaid::Nothing {
+            // Ours, unacknowledged: it leaves the backlog (the caller wakes the next open).
+            self.peer.unacked -= 1;
+        }
         if stream.queued.has(Queued::STOP) {
             // A `stopped()` future that was dropped before the peer stopped left its waker.
             self.stop_waiters.remove(&key);
@@ -314,5 +343,29 @@ fn data_header(id: u32, n: usize) -> Header {
         id,
         length: n as u32,
         kind: Kind::Data,
+    }
+}
+
+impl Inner {
+    /// Whether the peer refused the stream (see [`Error::Refused`]).
+    pub(super) fn refused(&self, key: usize) -> bool {
+        self.streams.get(key).is_some_and(|s| s.refused())
+    }
+
+    /// An `open` future waiting in line is gone: its place goes to the next.
+    pub(crate) fn open_line_gone(&mut self, line: &mut Option<usize>) {
+        self.peer.leave(line);
+        let mut wakers = Vec::new();
+        self.wake_opener_if_able(&mut wakers);
+        // Under the lock, as the future is dropped where no waker list is at hand; waking
+        // only schedules the task.
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// When an open waiting in line stops waiting for a greeting that has not come (see
+    /// `peer::GREETING_WAIT`), if it waits for one.
+    pub(crate) fn open_deadline(&self, line: Option<usize>) -> Option<tokio::time::Instant> {
+        (line.is_some() && self.peer.kind == super::PeerKind::Unknown)
+            .then(|| self.peer.greeting_deadline())
     }
 }

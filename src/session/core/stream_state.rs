@@ -94,8 +94,9 @@ pub(super) struct StreamState {
 }
 
 /// What the peer has said about a stream: nothing yet, something (data, credit, a
-/// half-close), or that it stopped taking data. A stream it closes before saying anything was
-/// refused.
+/// half-close; for a stream it opened, the open), or that it stopped taking data. A stream of
+/// ours that a peer of this crate closes before saying anything was refused. A stream of ours
+/// in `Nothing` counts in the backlog of unacknowledged streams (`peer.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum PeerSaid {
     Nothing,
@@ -104,11 +105,13 @@ pub(super) enum PeerSaid {
 }
 
 impl PeerSaid {
-    /// The peer sent something for the stream.
-    pub(super) fn heard(&mut self) {
-        if *self == PeerSaid::Nothing {
+    /// The peer sent something for the stream; true the first time (see `Inner::acknowledged`).
+    pub(super) fn heard(&mut self) -> bool {
+        let first = *self == PeerSaid::Nothing;
+        if first {
             *self = PeerSaid::Something;
         }
+        first
     }
 
     pub(super) fn stopped(self) -> Option<Stopped> {
@@ -162,13 +165,20 @@ impl StreamState {
         match self.send {
             SendState::Open => None,
             SendState::Shut => Some(Error::WriteClosed),
+            SendState::PeerStopped if self.refused() => Some(Error::Refused),
             SendState::PeerStopped => Some(Error::PeerReadClosed),
         }
     }
 
+    /// Whether a peer of this crate refused the stream: it closed it before its application
+    /// accepted it.
+    pub(super) fn refused(&self) -> bool {
+        self.peer == PeerSaid::Stopped(Stopped::Refused)
+    }
+
     /// The peer sent CloseRead: no more data is coming.
     pub(super) fn on_peer_shut(&mut self) {
-        self.peer.heard();
+        let _ = self.peer.heard();
         if self.recv == RecvState::Open {
             self.recv = RecvState::PeerShut;
         }
@@ -184,10 +194,13 @@ impl StreamState {
         }
     }
 
-    /// The peer sent CloseStream: before anything else, that is how it refuses a stream.
-    pub(super) fn on_peer_closed(&mut self) {
+    /// The peer sent CloseStream. A peer of this crate (`greeted`) acknowledges every stream
+    /// its application accepts, so one it closes before anything else came back it refused;
+    /// any other peer may have accepted and handled it, so that is an ordinary close.
+    pub(super) fn on_peer_closed(&mut self, greeted: bool) {
         let how = match self.peer {
-            PeerSaid::Nothing => Stopped::Refused,
+            PeerSaid::Nothing if greeted => Stopped::Refused,
+            PeerSaid::Nothing => Stopped::Closed,
             PeerSaid::Something => Stopped::Closed,
             PeerSaid::Stopped(how) => how,
         };

@@ -10,7 +10,7 @@ use super::recv_buf::Source;
 use super::Inner;
 use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
-use crate::frame::{Frame, Header, Kind, HEADER_LEN};
+use crate::frame::{Frame, Header, Kind, GREETING_ID, HEADER_LEN};
 use crate::session::out_queue::OutQueue;
 
 /// A core with a clock the test moves by hand.
@@ -27,10 +27,13 @@ const SOURCE: Source = Source {
 impl Core {
     fn new(role: Role, config: Config) -> Core {
         let now = Instant::now();
-        Core {
-            inner: Inner::new(role, config, now),
-            now,
-        }
+        let mut inner = Inner::new(role, config, now);
+        // Every session greets first; the tests look at what follows.
+        let mut greeting = Vec::new();
+        inner.take_control(now, &mut greeting);
+        let header = Header::from_bytes(greeting[..].try_into().expect("one frame"));
+        assert_eq!(header.map(|h| (h.id, h.kind)), Ok((GREETING_ID, Kind::Keepalive)));
+        Core { inner, now }
     }
 
     fn advance(&mut self, by: Duration) {
@@ -38,7 +41,10 @@ impl Core {
     }
 
     fn open(&mut self) -> (usize, u32) {
-        match self.inner.poll_open(Waker::noop(), &mut None) {
+        match self
+            .inner
+            .poll_open(Waker::noop(), &mut None, &mut None, true, &mut Vec::new())
+        {
             Poll::Ready(Ok(opened)) => opened,
             _ => panic!("open did not complete"),
         }
@@ -366,7 +372,10 @@ fn waiting_futures_hold_one_entry_each() {
             .is_pending());
         core.frame(Frame::window_update(id, 0)).expect("valid");
         assert!(core.inner.poll_written(key, Waker::noop()).is_pending());
-        assert!(core.inner.poll_open(Waker::noop(), &mut slot).is_pending());
+        assert!(core
+            .inner
+            .poll_open(Waker::noop(), &mut slot, &mut None, true, &mut Vec::new())
+            .is_pending());
     }
     assert_eq!(core.inner.waiting_entries(), (2, 1));
     core.inner.opener_gone(&mut slot);
