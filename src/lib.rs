@@ -146,6 +146,52 @@
 //! When the last [`Session`] handle is dropped, inbound streams are refused and the session
 //! closes itself once its last stream is gone.
 //!
+//! # Refusals, acknowledgements and dead peers
+//!
+//! The protocol has no handshake, no acknowledgement and no refusal frame, and its keepalive
+//! only sends. Between two sessions of this crate three conventions fill the gaps, each
+//! invisible to a Go peer:
+//!
+//! - **A greeting.** Every session's first frame is a Keepalive whose id is
+//!   [`frame::GREETING_ID`] and whose length field is its keepalive interval in milliseconds.
+//!   A Go peer does nothing with any keepalive. The peer's first frame tells this side whether
+//!   it talks to a peer of this crate (it greeted) or not.
+//! - **Acknowledgements.** When the application of a greeted peer accepts a stream, its
+//!   session sends a WindowUpdate for it (of 0, or of the window above 64 KiB), before any
+//!   other frame of the stream. A stream that a greeted peer closes before anything came back
+//!   for it never reached its application: its reads, writes and flushes fail with
+//!   [`Error::Refused`] (`io::ErrorKind::ConnectionRefused`), which says the request is safe to
+//!   retry. A stream that a Go peer closes unanswered reads as an ordinary end of stream,
+//!   since a Go peer never refuses and may have handled the request.
+//! - **An open backlog.** [`Session::open`] waits while [`Config::open_backlog`] (256) streams
+//!   of ours are unacknowledged by a greeted peer, so a burst of opens never overruns its
+//!   accept backlog (1024): two sessions of this crate with default settings refuse each other's
+//!   streams only when draining, at `max_streams`, or when the application stops accepting for
+//!   longer than the backlog covers. Towards a Go peer nothing waits; before the peer's first
+//!   frame, opens beyond the backlog wait for it at most one second.
+//! - **Liveness.** A greeted peer promises a frame at least every keepalive interval it
+//!   announced (it sends a Keepalive after that long without writing). Twice that interval of
+//!   silence ends the session with [`Error::KeepaliveTimeout`]: with the defaults (30 s), a
+//!   peer of this crate that died, idle or busy, is noticed within 60 s, and every stream and
+//!   every writer waiting for its credit learns it. A timer that expires looks once more (50 ms
+//!   later) before it believes the silence, so a process resumed from a pause reads what waits
+//!   in the socket first. With [`Config::go_peer`] the same holds towards a peer of this
+//!   crate. Nothing notices a dead Go peer by default: its keepalive comes only after ten
+//!   quiet minutes, and a slow Go reader may return no credit for as long. Set
+//!   [`Config::idle_timeout`] above 600 s (see "Talking to Go gomux"),
+//!   [`Config::write_stall_timeout`] for a peer that stops reading, or TCP keepalives on the
+//!   socket.
+//!
+//! | the peer | dies idle | dies busy (we wait for its credit) | paused |
+//! |---|---|---|---|
+//! | this crate, defaults | ≤ 60 s, `KeepaliveTimeout` | ≤ 60 s, `KeepaliveTimeout` | as dead once silent for 60 s |
+//! | this crate, `keepalive_interval(None)` at the peer | not noticed | not noticed | not noticed |
+//! | Go gomux | not noticed (`idle_timeout` > 600 s notices it) | not noticed (`write_stall_timeout` if our writes stop moving) | not noticed |
+//!
+//! (Measured on tokio's paused clock by `tests/close_paths.rs`:
+//! `a_peer_that_dies_idle_*`, `a_writer_waiting_for_the_credit_of_a_dead_peer_*`,
+//! `a_go_like_peer_silent_or_reading_nothing_for_fifteen_minutes_is_not_cut`.)
+//!
 //! # Cancel safety
 //!
 //! `read`, `read_chunk`, `write`, `write_chunks`, [`Session::open`] and [`Session::accept`] are

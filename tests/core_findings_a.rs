@@ -800,6 +800,11 @@ async fn credit_owed_in_the_middle_of_a_batch_goes_out_at_the_next_frame() {
     };
     let mut bulk = within("open", session.open()).await.expect("open");
     assert_eq!(
+        raw.recv().await.map(|f| (f.header.id, f.header.kind)),
+        Some((gomux::frame::GREETING_ID, Kind::Keepalive)),
+        "the greeting comes first"
+    );
+    assert_eq!(
         raw.recv().await.map(|f| f.header.kind),
         Some(Kind::OpenStream)
     );
