@@ -311,9 +311,7 @@ impl Error {
             Error::IdleTimeout
             | Error::KeepaliveTimeout
             | Error::WriteStalled
-            | Error::GracefulCloseTimedOut { .. } => {
-                io::ErrorKind::TimedOut
-            }
+            | Error::GracefulCloseTimedOut { .. } => io::ErrorKind::TimedOut,
             Error::Transport(e) => e.kind(),
             Error::TooManyStreams => io::ErrorKind::Other,
             Error::WriteClosed | Error::PeerReadClosed => io::ErrorKind::BrokenPipe,

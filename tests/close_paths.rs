@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::io;
 use std::time::Duration;
 
@@ -145,9 +146,8 @@ async fn both_ends_closing_while_busy_over_a_stalling_transport_finish_once_it_m
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     faults.stall_writes(false);
-    let ((a, b), mut at_client, mut at_server) = within_for(PROMPT, "closes", closes)
-        .await
-        .expect("task");
+    let ((a, b), mut at_client, mut at_server) =
+        within_for(PROMPT, "closes", closes).await.expect("task");
     a.expect("client close");
     b.expect("server close");
     let mut got = vec![0; up.len()];
@@ -161,7 +161,11 @@ async fn both_ends_closing_while_busy_over_a_stalling_transport_finish_once_it_m
 // Refusals.
 
 fn assert_refused(error: &io::Error, what: &str) {
-    assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused, "{what}: {error}");
+    assert_eq!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused,
+        "{what}: {error}"
+    );
     assert!(
         matches!(gomux_error(error), Some(Error::Refused)),
         "{what}: the source says refused: {error:?}"
@@ -277,7 +281,9 @@ async fn hyper_over_a_refusing_server_sees_the_refusal_in_its_error() {
         .await
         .expect("handshake");
     let connection = tokio::spawn(connection);
-    let request = hyper::Request::get("/").body(Empty::new()).expect("request");
+    let request = hyper::Request::get("/")
+        .body(Empty::new())
+        .expect("request");
     let error = within("the response", sender.send_request(request))
         .await
         .expect_err("no response from a refused stream");
@@ -390,7 +396,11 @@ async fn open_waits_while_the_peer_does_not_accept_and_a_cancelled_wait_leaves_n
             .is_err(),
         "the fifth open waits for an acknowledgement"
     );
-    assert_eq!(client.stream_count(), 4, "the cancelled open opened nothing");
+    assert_eq!(
+        client.stream_count(),
+        4,
+        "the cancelled open opened nothing"
+    );
     assert!(matches!(client.try_open(), Err(Error::TooManyStreams)));
     let waiting = tokio::spawn({
         let client = client.clone();
@@ -493,7 +503,10 @@ async fn a_peer_that_dies_idle_is_noticed_within_twice_its_keepalive_interval() 
     .await;
     let after = died.elapsed();
     assert!(after <= Duration::from_secs(61), "noticed after {after:?}");
-    assert!(matches!(client.close_reason(), Some(Error::KeepaliveTimeout)));
+    assert!(matches!(
+        client.close_reason(),
+        Some(Error::KeepaliveTimeout)
+    ));
     drop(stream);
 }
 
@@ -540,8 +553,15 @@ async fn a_go_like_peer_silent_or_reading_nothing_for_fifteen_minutes_is_not_cut
     let _peer = within_for(Duration::from_secs(16 * 60), "fifteen minutes", silence)
         .await
         .expect("task");
-    assert!(client.close_reason().is_none(), "{:?}", client.close_reason());
-    assert!(!writer.is_finished(), "still waiting for credit, not failed");
+    assert!(
+        client.close_reason().is_none(),
+        "{:?}",
+        client.close_reason()
+    );
+    assert!(
+        !writer.is_finished(),
+        "still waiting for credit, not failed"
+    );
     assert!(!driver.is_finished());
 }
 
@@ -621,7 +641,14 @@ async fn a_session_resumed_after_a_pause_reads_what_waits_before_calling_the_pee
     let config = Config::default()
         .idle_timeout(Some(Duration::from_secs(1)))
         .keepalive_interval(None);
-    let (client, connection) = Session::new(Laggy { inner: a, lag: None }, Role::Client, config);
+    let (client, connection) = Session::new(
+        Laggy {
+            inner: a,
+            lag: None,
+        },
+        Role::Client,
+        config,
+    );
     let _server = Session::with_config(
         b,
         Role::Server,

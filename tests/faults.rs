@@ -842,12 +842,8 @@ async fn thousands_of_empty_streams_never_wedge_open() {
         // The opener's backlog would hold the burst at 256 unacknowledged streams: let it all
         // through, as an opener that does not wait would.
         let client_config = Config::default().open_backlog(STREAMS);
-        let (client, server) = sessions_with(
-            Transport::Duplex(16 * KIB),
-            client_config,
-            server_config,
-        )
-        .await;
+        let (client, server) =
+            sessions_with(Transport::Duplex(16 * KIB), client_config, server_config).await;
         // Nothing is written and nobody accepts: past the backlog, the peer refuses.
         let mut opened = Vec::with_capacity(STREAMS);
         for _ in 0..STREAMS {

@@ -38,13 +38,13 @@ async fn bytes_frames_and_streams_are_counted_on_both_ends() {
     let sent = client.stats();
     assert_eq!(sent.streams_opened, 1);
     assert_eq!(sent.live_streams, 1);
-    // OpenStream, then one Data frame of 1000 bytes.
-    assert_eq!(sent.frames_sent, 2);
-    assert_eq!(sent.bytes_sent, 8 + 8 + 1000);
+    // The greeting, OpenStream, then one Data frame of 1000 bytes.
+    assert_eq!(sent.frames_sent, 3);
+    assert_eq!(sent.bytes_sent, 8 + 8 + 8 + 1000);
 
     let received = server.stats();
     assert_eq!(received.streams_accepted, 1);
-    assert_eq!(received.frames_received, 2);
+    assert_eq!(received.frames_received, 3);
     assert_eq!(received.bytes_received, sent.bytes_sent);
     assert_eq!((received.buffered, received.peak_buffered), (1000, 1000));
 

@@ -29,9 +29,17 @@ async fn after_a_graceful_close_the_transport_comes_back_shut_down() {
     driven.expect("the driver's outcome");
     let io = connection.into_inner();
 
-    // The peer saw CloseMux, then end of file: the transport was shut down for writing...
+    // The peer saw the greeting, CloseMux, then end of file: the transport was shut down for
+    // writing...
     let header = Header::from_bytes(seen[..HEADER_LEN].try_into().expect("8 bytes"));
+    assert_eq!(header.expect("a frame").id, gomux::frame::GREETING_ID);
+    let header = Header::from_bytes(
+        seen[HEADER_LEN..][..HEADER_LEN]
+            .try_into()
+            .expect("8 bytes"),
+    );
     assert_eq!(header.expect("a frame").kind, Kind::CloseMux);
+    assert_eq!(seen.len(), 2 * HEADER_LEN);
     // ...and it is the same transport: what the peer writes arrives on it.
     peer.write_all(b"after").await.expect("write");
     let mut io = io;

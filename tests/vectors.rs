@@ -416,6 +416,18 @@ fn paced_by(kind: Kind) -> Option<(Kind, u64)> {
 /// checking that its Data stays within the credit the raw end granted.
 async fn observe(reader: ReadHalf<DuplexStream>, seen: watch::Sender<Observed>, raw: Tally) {
     let mut frames = FramedRead::new(reader, FrameCodec::new());
+    // Our session greets first (a keepalive, which the Go peer ignores); what the Go side
+    // wrote is compared with what follows.
+    match frames.next().await {
+        Some(Ok(frame))
+            if frame.header.kind == Kind::Keepalive
+                && frame.header.id == gomux::frame::GREETING_ID => {}
+        other => {
+            let why = format!("our session's first frame is no greeting: {other:?}");
+            seen.send_modify(|seen| seen.invalid = Some(why));
+            return;
+        }
+    }
     while let Some(frame) = frames.next().await {
         let frame = match frame {
             Ok(frame) => frame,

@@ -7,9 +7,9 @@ mod read_buf;
 
 use std::fmt;
 use std::future::poll_fn;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -276,7 +276,10 @@ impl Session {
         cx: &mut Context<'_>,
         slot: &mut Option<usize>,
     ) -> Poll<Result<Stream, Error>> {
-        let accepted = self.shared.lock().poll_accept(cx.waker(), slot);
+        // Through `with_driver`: accepting queues the stream's acknowledgement.
+        let accepted = self
+            .shared
+            .with_driver(|inner, _| inner.poll_accept(cx.waker(), slot));
         accepted
             .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
     }

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
 use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
-use super::PeerKind;
 use super::Inner;
+use super::PeerKind;
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
 #[cfg(test)]

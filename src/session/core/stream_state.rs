@@ -162,10 +162,12 @@ impl StreamState {
 
     /// Why writing fails, if it does on the stream's own account.
     pub(super) fn write_error(&self) -> Option<Error> {
+        if self.refused() {
+            return Some(Error::Refused);
+        }
         match self.send {
             SendState::Open => None,
             SendState::Shut => Some(Error::WriteClosed),
-            SendState::PeerStopped if self.refused() => Some(Error::Refused),
             SendState::PeerStopped => Some(Error::PeerReadClosed),
         }
     }

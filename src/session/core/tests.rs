@@ -32,7 +32,10 @@ impl Core {
         let mut greeting = Vec::new();
         inner.take_control(now, &mut greeting);
         let header = Header::from_bytes(greeting[..].try_into().expect("one frame"));
-        assert_eq!(header.map(|h| (h.id, h.kind)), Ok((GREETING_ID, Kind::Keepalive)));
+        assert_eq!(
+            header.map(|h| (h.id, h.kind)),
+            Ok((GREETING_ID, Kind::Keepalive))
+        );
         Core { inner, now }
     }
 
