@@ -95,18 +95,21 @@ pub type WriteHalf = OwnedWriteHalf;
 /// How the peer stopped taking data on a stream, from [`Stream::stopped`].
 ///
 /// The protocol has no refusal frame and no error codes: a peer refuses a stream (its accept
-/// backlog is full, or it drains) by closing it at once, so a stream the peer closed before it
-/// sent anything on it is reported as refused. A peer that accepts a stream and closes it
-/// without a word looks the same.
+/// backlog is full, or it drains) by closing it at once. A peer of this crate acknowledges
+/// every stream its application accepts, so a stream of ours it closed before anything came
+/// back is reported as refused, and its reads and writes fail with
+/// [`Error::Refused`](crate::Error::Refused). A Go peer acknowledges nothing: a stream it
+/// closes unanswered may have been handled, and is reported as [`Stopped::Closed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Stopped {
     /// The peer stopped reading (CloseWrite, from its `close_read` or Go's `CloseRead`); it may
     /// still send.
     ReadClosed,
-    /// The peer closed the stream (CloseStream) after it had sent something on it.
+    /// The peer closed the stream (CloseStream), after its application had it.
     Closed,
-    /// The peer closed the stream (CloseStream) before sending anything on it: refused.
+    /// A peer of this crate closed the stream (CloseStream) before its application accepted
+    /// it: refused, and safe to retry.
     Refused,
 }
 
@@ -270,8 +273,9 @@ impl Stream {
     /// Waits until the peer stops taking data on this stream, and says how: it stopped
     /// reading, closed the stream, or refused it (see [`Stopped`]). What quinn's `stopped()`
     /// and h2's `poll_reset` tell, as far as the protocol can: a writer learns it without
-    /// having to write, and a stream the peer refused is told apart from one it half-closed
-    /// (reads end the same way on both).
+    /// having to write, and a stream a peer of this crate refused is told apart from one it
+    /// closed (reads and writes of a refused stream fail with
+    /// [`Error::Refused`](crate::Error::Refused)).
     ///
     /// Several tasks may wait on it, but only the last one to poll is woken: wait from one
     /// task (for example in a `select!` beside the copying).
