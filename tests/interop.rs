@@ -176,6 +176,14 @@ fn specs() -> Vec<Spec> {
             "session close by Go after 100 of the streams Rust keeps opening",
         )
     });
+    specs.push(Spec {
+        streams: 8,
+        opens: Opens::Rust,
+        ..spec(
+            Kind::Unanswered,
+            "Go closes 8 accepted streams unanswered: an end of stream, not a refusal",
+        )
+    });
     specs.push(spec(
         Kind::Idle,
         "idle session across Rust keepalives, then a new stream",

@@ -32,6 +32,7 @@ pub enum Kind {
     Idle,
     Audit,
     CloseWhileOpening,
+    Unanswered,
 }
 
 impl Kind {
@@ -48,6 +49,7 @@ impl Kind {
             Kind::Idle => "idle",
             Kind::Audit => "audit",
             Kind::CloseWhileOpening => "close-opening",
+            Kind::Unanswered => "unanswered",
         }
     }
 }
@@ -102,6 +104,7 @@ pub async fn run(ctx: Ctx) -> Result<Outcome> {
         Kind::Idle => idle(&ctx).await,
         Kind::Audit => audit(&ctx).await,
         Kind::CloseWhileOpening => open_while_closed(&ctx).await,
+        Kind::Unanswered => unanswered(&ctx).await,
     }
 }
 
@@ -758,5 +761,39 @@ async fn open_while_closed(ctx: &Ctx) -> Result<Outcome> {
     }
     done(format!(
         "opened {opened} streams until the session ended ({error})"
+    ))
+}
+
+/// Go accepts each stream and closes it unanswered: an ordinary end of stream here, never
+/// `Error::Refused` (a Go peer acknowledges nothing, so its close may follow a handled request).
+async fn unanswered(ctx: &Ctx) -> Result<Outcome> {
+    for i in 0..ctx.streams {
+        let mut stream = ctx
+            .session
+            .open()
+            .await
+            .map_err(|e| format!("open {i}: {e}"))?;
+        // The write may fail once the close has arrived; the read must end cleanly.
+        let _ = stream.write_all(b"request\n").await;
+        let mut reply = Vec::new();
+        stream
+            .read_to_end(&mut reply)
+            .await
+            .map_err(|e| format!("stream {i}: read {e} (want an end of stream)"))?;
+        match stream.peer_stopped() {
+            Some(gomux::stream::Stopped::Closed) if reply.is_empty() => {}
+            other => {
+                return Err(format!(
+                    "stream {i}: {} bytes, then {other:?} (want nothing, then Closed)",
+                    reply.len()
+                ))
+            }
+        }
+    }
+    // The session still works.
+    echo_open(&ctx.session, SEED_FROM_OPENER, 1024, Sizes::fixed(1024)).await?;
+    done(format!(
+        "{} streams closed unanswered read as an end of stream, none as refused; then a stream echoed",
+        ctx.streams
     ))
 }

@@ -109,6 +109,7 @@ func scenarioMain(name string, args []string) error {
 		"idle":          r.idle,
 		"audit":         r.audit,
 		"close-opening": r.closeWhileOpening,
+		"unanswered":    r.unanswered,
 	}
 	scenario, ok := scenarios[name]
 	if !ok {
@@ -764,4 +765,29 @@ func (r *run) closeWhileOpening() (string, error) {
 	closeErr := r.m.Close()
 	<-r.ended
 	return fmt.Sprintf("accepted %d streams, then Mux.Close: %v", r.streams, closeErr), nil
+}
+
+// unanswered: the peer opens -streams streams and writes a request on each; this side accepts
+// each and closes it at once, reading and writing nothing. That is an ordinary close, which
+// may follow a handled request: the peer must read it as an end of stream, never as a
+// refusal that would invite a retry. A last stream is echoed.
+func (r *run) unanswered() (string, error) {
+	for i := 0; i < r.streams; i++ {
+		s, err := r.accept()
+		if err != nil {
+			return "", err
+		}
+		if err := s.Close(); err != nil {
+			return "", err
+		}
+	}
+	// The session still works.
+	next, err := r.accept()
+	if err == nil {
+		_, err = echoBack(next)
+	}
+	if err != nil {
+		return "", fmt.Errorf("a new stream after the closes: %v", err)
+	}
+	return fmt.Sprintf("accepted %d streams and closed each unanswered; then echoed one", r.streams), nil
 }
