@@ -686,3 +686,23 @@ async fn a_session_resumed_after_a_pause_reads_what_waits_before_calling_the_pee
     );
     assert!(!driver.is_finished());
 }
+
+/// An open waiting for `max_streams` while the peer has said nothing yet waits for a stream to
+/// go, past the greeting's wait too, without spinning; a stream that goes lets it in.
+#[tokio::test(start_paused = true)]
+async fn an_open_waiting_for_max_streams_past_the_greeting_wait_is_let_in_when_a_stream_goes() {
+    let config = Config::default().max_streams(1);
+    let (client, _driver, _faults, _peer) = raw_session(Role::Client, config);
+    let first = client.open().await.expect("open");
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { client.open().await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!waiting.is_finished(), "waits for the stream to go");
+    drop(first);
+    within("the open let in", waiting)
+        .await
+        .expect("task")
+        .expect("open");
+}

@@ -87,16 +87,22 @@ impl Inner {
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
         let (micros, min_rtt) = (self.micros(now), self.min_rtt);
-        let Some(stream) = self.key_of(id).and_then(|key| self.streams.get_mut(key)) else {
+        let Some(key) = self.key_of(id) else {
             return Ok(()); // Unknown or closed: races with a local close.
+        };
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Ok(());
         };
         if stream.recv == RecvState::PeerShut {
             return Err(ProtocolError::DataAfterClose { id }.into());
         }
         if stream.peer.heard() {
+            // Data before any acknowledgement: the peer's application has the stream.
             self.acknowledged(wakers);
-            return self.on_data(id, payload, source, now, wakers);
         }
+        let Some(stream) = self.streams.get_mut(key) else {
+            return Ok(());
+        };
         let length = payload.len() as u32;
         stream
             .window

@@ -363,9 +363,13 @@ impl Inner {
     }
 
     /// When an open waiting in line stops waiting for a greeting that has not come (see
-    /// `peer::GREETING_WAIT`), if it waits for one.
+    /// `peer::GREETING_WAIT`), if it waits for one and that time is still to come (past it,
+    /// only an acknowledgement or a stream going away lets it in, and those wake it).
     pub(crate) fn open_deadline(&self, line: Option<usize>) -> Option<tokio::time::Instant> {
-        (line.is_some() && self.peer.kind == super::PeerKind::Unknown)
-            .then(|| self.peer.greeting_deadline())
+        let deadline = self.peer.greeting_deadline();
+        (line.is_some()
+            && self.peer.kind == super::PeerKind::Unknown
+            && tokio::time::Instant::now() < deadline)
+            .then_some(deadline)
     }
 }
