@@ -2,8 +2,9 @@
 """Builds the fuzz targets' seed corpus from the Go test vectors in tests/go-vectors.
 
 The corpus is generated, never committed: run this before fuzzing (.ci/fuzz does). Each
-target's input starts with one options byte (see the target's docs), then bytes from the
-vectors: single frames from frames.jsonl, and whole captured byte streams from sessions/.
+target's input starts with options (one byte for decode, two for session: see the targets'
+docs), then bytes from the vectors: single frames from frames.jsonl, and whole captured byte
+streams from sessions/.
 
 Usage: gen_corpus.py [VECTORS_DIR]   (default: ../tests/go-vectors relative to this file)
 """
@@ -50,9 +51,17 @@ def main():
             if target == "session" and not from_client:
                 continue  # The session target plays a client talking to a server.
             # Options: decode and session get a few cut sizes; the round trip reads raw frames.
-            option_bytes = [b""] if target == "roundtrip" else [bytes([o]) for o in (0, 1, 6)]
+            # The session's second byte: no close, or the peer closing half-way through (alone,
+            # or at the same moment as the application).
+            if target == "roundtrip":
+                option_bytes = [b""]
+            elif target == "decode":
+                option_bytes = [bytes([o]) for o in (0, 1, 6)]
+            else:
+                option_bytes = [bytes([o, 0]) for o in (0, 1, 6)]
+                option_bytes += [bytes([0, c]) for c in (0x81, 0x83)]
             for options in option_bytes:
-                suffix = f"_{options[0]}" if options else ""
+                suffix = "".join(f"_{o}" for o in options)
                 with open(os.path.join(out, f"{name}{suffix}"), "wb") as seed:
                     seed.write(options + wire)
                 written += 1

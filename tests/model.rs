@@ -31,7 +31,12 @@
 //! Two properties run these: the first mixes every operation (bulk transfers of up to 192 KiB
 //! per writer); the second opens a few streams and runs bulk transfers of up to 3 MiB per
 //! writer, three to six writers at once, with stalls between them: large enough for the
-//! progress bound below to bite when the queues are small.
+//! progress bound below to bite when the queues are small. A third,
+//! `both_sides_close_while_busy`, runs a few of the mixed operations, then has both sides queue
+//! data on their streams (each direction of at least one stream) and both call
+//! `Session::close` in the same step (`Op::BusyClose`): both closes must return `Ok` within
+//! [`BUSY_CLOSE`] of virtual time, well under the close timeout (a close that has to wait for
+//! the peer's reading while the peer waits for its own must not wait for that timeout).
 //!
 //! At the end every end shuts down its writing, reads everything left, and all handles are
 //! dropped. The invariants:
@@ -93,6 +98,9 @@ const REPOLL_SLACK: i64 = 1024;
 const BULK_POLLS: u64 = 1_000_000;
 /// Transport calls in one case before it counts as spinning (the transport then fails).
 const TRANSPORT_CALLS: u64 = 20_000_000;
+/// How long both sessions closing at once while busy may take: the longest stall (2 s), and
+/// then time enough to write out what is queued, well under the close timeout (10 s).
+const BUSY_CLOSE: Duration = Duration::from_secs(4);
 
 // ---------------------------------------------------------------------------------------------
 // A transport that cuts I/O into small pieces, and can stall its writes.
@@ -359,6 +367,11 @@ enum Op {
         stream: usize,
         what: Pending,
     },
+    /// Each writer queues its bytes (as far as the queue and the credit let it without the
+    /// peer's application reading), then both sides call `Session::close` in the same step.
+    BusyClose {
+        writers: Vec<BulkWrite>,
+    },
 }
 
 /// Bulk writers, as many as `writers` says: the first on side 0, the second on side 1, the
@@ -458,6 +471,29 @@ fn bulk_ops() -> impl Strategy<Value = Vec<Op>> {
             let mut ops: Vec<Op> = opens.iter().map(|&side| Op::Open { side }).collect();
             ops.extend(opens.iter().map(|&side| Op::Accept { side: 1 - side }));
             ops.append(&mut rest);
+            ops
+        })
+}
+
+/// A case that ends with both sides closing while busy: a few streams opened by either side
+/// and accepted, a few mixed operations, then [`Op::BusyClose`] with writers on both sides
+/// (the first two on one stream, one per direction).
+fn busy_close_ops() -> impl Strategy<Value = Vec<Op>> {
+    (
+        proptest::collection::vec(0..2usize, 1..=4),
+        proptest::collection::vec(op(2000, 16 * 1024), 0..12),
+        bulk(4, 2..=6, 1..=96 * 1024usize, 0.0),
+        0..4usize,
+    )
+        .prop_map(|(opens, mut rest, busy, stream)| {
+            let mut ops: Vec<Op> = opens.iter().map(|&side| Op::Open { side }).collect();
+            ops.extend(opens.iter().map(|&side| Op::Accept { side: 1 - side }));
+            ops.append(&mut rest);
+            if let Op::Bulk { mut writers } = busy {
+                writers[0].stream = stream;
+                writers[1].stream = stream;
+                ops.push(Op::BusyClose { writers });
+            }
             ops
         })
 }
@@ -810,7 +846,73 @@ impl Model {
             }
             Op::Unstall { side } => self.stalls[side].clear(),
             Op::Bulk { ref writers } => self.bulk(writers).await?,
+            Op::BusyClose { ref writers } => self.busy_close(writers).await?,
             Op::Repoll { side, stream, what } => self.repoll(side, stream, what)?,
+        }
+        Ok(())
+    }
+
+    /// Both sides queue data, then close their sessions in the same step; see [`Op::BusyClose`].
+    async fn busy_close(&mut self, writers: &[BulkWrite]) -> Result<(), TestCaseError> {
+        let closed_before = self.any_session_closed();
+        for writer in writers {
+            self.writes += 1;
+            let content = pattern(self.writes, writer.len);
+            let Some(pair) = self.pair(writer.stream) else {
+                break;
+            };
+            let peer_gone = pair.ends[1 - writer.side].read_closed;
+            let end = &mut pair.ends[writer.side];
+            let Some(handle) = end.handle.as_mut() else {
+                continue;
+            };
+            // As much as goes into the queue and the credit without the peer reading: writes
+            // are cancel safe, so one cut short by its deadline queued what it reported.
+            let mut written = 0;
+            while written < content.len() {
+                match timeout(OP, handle.write(&content[written..])).await {
+                    Err(_) => break,
+                    Ok(Ok(n)) => {
+                        prop_assert!(!end.write_closed, "write after this end closed writing");
+                        prop_assert!(n > 0, "a write of {} bytes wrote nothing", content.len());
+                        end.sent.extend_from_slice(&content[written..written + n]);
+                        written += n;
+                    }
+                    Ok(Err(error)) => {
+                        write_error_justified(&error, end.write_closed, peer_gone, closed_before)?;
+                        break;
+                    }
+                }
+            }
+        }
+        self.session_closed = [true, true];
+        let started = Instant::now();
+        let [client, server] = &self.sessions;
+        let (client_closed, server_closed) = tokio::join!(
+            timeout(BUSY_CLOSE, client.close()),
+            timeout(BUSY_CLOSE, server.close())
+        );
+        for (side, closed) in [("client", client_closed), ("server", server_closed)] {
+            match closed {
+                Ok(Ok(())) => {}
+                // A session closed earlier in the case reports how that close went.
+                Ok(Err(_)) if closed_before => {}
+                Ok(Err(error)) => {
+                    return Err(TestCaseError::fail(format!(
+                        "both sides closing at once while busy: the {side}'s Session::close \
+                         failed after {:?}: {error:?}; {}",
+                        started.elapsed(),
+                        describe_sessions(&self.sessions)
+                    )))
+                }
+                Err(_) => {
+                    return Err(TestCaseError::fail(format!(
+                        "both sides closing at once while busy: the {side}'s Session::close did \
+                         not return within {BUSY_CLOSE:?}; {}",
+                        describe_sessions(&self.sessions)
+                    )))
+                }
+            }
         }
         Ok(())
     }
@@ -1514,6 +1616,29 @@ proptest! {
         chop in 256..8192usize,
         pipe in prop_oneof![Just(64usize), Just(4096), Just(256 * 1024)],
         setup in bulk_setup(),
+    ) {
+        run(ops, seed, chop, pipe, setup)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        max_shrink_iters: 1000,
+        max_shrink_time: 45_000,
+        ..ProptestConfig::default()
+    })]
+
+    /// Both sides have data queued both ways and close their sessions in the same step: both
+    /// closes return `Ok` well within the close timeout, and every invariant of the model holds
+    /// before and after.
+    #[test]
+    fn both_sides_close_while_busy(
+        ops in busy_close_ops(),
+        seed in any::<u64>(),
+        chop in prop_oneof![1..16usize, 256..8192usize],
+        pipe in prop_oneof![Just(64usize), Just(4096), Just(256 * 1024)],
+        setup in setup(),
     ) {
         run(ops, seed, chop, pipe, setup)?;
     }

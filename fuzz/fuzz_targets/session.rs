@@ -1,7 +1,7 @@
 //! Arbitrary bytes as everything a peer sends to a server session whose application accepts
 //! streams, reads them and writes back what it read.
 //!
-//! Input: one byte of options, then the bytes the peer sends. The options:
+//! Input: two bytes of options, then the bytes the peer sends. The first byte:
 //!
 //! - bits 0–1: how the bytes are cut into transport reads (1, 7, 64 or 4096 bytes at most);
 //! - bit 2: whether the connection then ends (0) or goes quiet (1);
@@ -17,9 +17,25 @@
 //! - bit 7: the whole frames of the input are sent 16 times over, each time with their stream
 //!   ids moved up by 65536 (even, so the opener's parity is kept), then any partial frame.
 //!
-//! The generated seed corpus (`gen_corpus.py`) uses options 0, 1 and 6: no stalls, no added
-//! frames, no repetition, as before these were added. "At random" means a generator seeded from
-//! the input: a run is a deterministic function of its input.
+//! The second byte says whether and how the peer closes the session, at a moment of the
+//! input's choosing, while both directions are busy (in these modes the application writes a
+//! 64 KiB burst on every stream it accepts before it echoes, so the session has data queued
+//! towards the peer whatever the peer sends):
+//!
+//! - bits 0–1: 0 the peer does not close; 1 it closes as a session of this crate does: a
+//!   CloseMux after the chosen frame, then its writing ends (end of file) while it goes on
+//!   taking the session's writes; 2 as Go's `Mux.Close` may: the CloseMux, then the whole
+//!   connection closes (end of file, and every later write fails with a broken pipe); 3 as 1,
+//!   and the application calls `Session::close` the moment the CloseMux is handed to the
+//!   session: both close at once;
+//! - bits 2–7: where: after whole frame `n × b / 64` of the `n` the peer sends (after the
+//!   additions above), `b` being these six bits; with no whole frame, at once.
+//!
+//! The generated seed corpus (`gen_corpus.py`) uses first bytes 0, 1 and 6 (no stalls, no
+//! added frames, no repetition, as before these were added) with a second byte of 0, and
+//! first byte 0 with the closes 0x81 and 0x83 (modes 1 and 3, half-way through the input).
+//! "At random" means a generator seeded from the input: a run is a deterministic function of
+//! its input.
 //!
 //! Checks:
 //!
@@ -29,6 +45,11 @@
 //! - no hang: a connection that ends ends the session; a quiet one leaves the session idle, and
 //!   closing it then finishes; the driver finishes. Time is paused, so timers (stalls included)
 //!   fire as soon as everything waits, and a spin shows up as a poll count instead of a hang;
+//! - a peer's close (second byte) ends the session gracefully (`ClosedByPeer`; `ClosedLocally`
+//!   when both close at once), unless the input broke the protocol first; when the peer takes
+//!   every write at once (no stalls), within [`CLOSE_BOUND`] of the CloseMux reaching the
+//!   session, well under the close timeout (5 s), and the application's own `close` in mode 3
+//!   returns `Ok` within it too;
 //! - the memory bound of the `Config` docs, after everything the transport does: the data
 //!   buffered (`Stats::buffered`, and `peak_buffered` at the end) is at most
 //!   `max_streams × receive_window + receive_window_budget`, and at most `max_streams` streams
@@ -55,9 +76,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use gomux::frame::{Header, Kind, HEADER_LEN};
-use gomux::{Config, Role, Session};
+use gomux::{Config, Error, Role, Session};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 /// Transport polls allowed per byte the peer sends, plus a fixed allowance for timers and
@@ -81,6 +103,24 @@ const ID_SHIFT: u32 = 0x1_0000;
 /// The longest random stall, and the longest stall of a peer that reads nothing while it sends.
 const SHORT_STALL_MS: u64 = 2000;
 const LONG_STALL: Duration = Duration::from_secs(20);
+/// The session's close timeout, and how soon after the peer's CloseMux reaches it a session
+/// whose peer takes every write must have ended.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+const CLOSE_BOUND: Duration = Duration::from_secs(2);
+/// What the application writes on each stream it accepts before echoing, when the peer closes.
+const BURST: usize = 64 * 1024;
+
+/// How the peer closes the session (the second options byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerClose {
+    No,
+    /// CloseMux, then its writing ends; it goes on taking the session's writes.
+    Graceful,
+    /// CloseMux, then the connection closes both ways.
+    Abrupt,
+    /// As `Graceful`, and the application closes the session at the same moment.
+    Both,
+}
 
 /// A small deterministic generator.
 struct Rng(u64);
@@ -99,8 +139,8 @@ impl Rng {
 }
 
 /// What the peer sends: the input, with frames added after each whole frame and perhaps
-/// repeated (see the module docs).
-fn peer_bytes(input: &[u8], inject: u8, repeat: bool, rng: &mut Rng) -> Vec<u8> {
+/// repeated (see the module docs); and where each whole frame ends in it.
+fn peer_bytes(input: &[u8], inject: u8, repeat: bool, rng: &mut Rng) -> (Vec<u8>, Vec<usize>) {
     // The input's whole frames, and where the partial one at its end starts.
     let mut frames = Vec::new();
     let mut at = 0;
@@ -119,8 +159,12 @@ fn peer_bytes(input: &[u8], inject: u8, repeat: bool, rng: &mut Rng) -> Vec<u8> 
         at = end;
     }
     if inject == 0 && !repeat {
-        return input.to_vec();
+        return (
+            input.to_vec(),
+            frames.iter().map(|range| range.end).collect(),
+        );
     }
+    let mut ends = Vec::new();
     let mut out = Vec::with_capacity(input.len() * if repeat { 20 } else { 2 });
     for round in 0..if repeat { REPEATS } else { 1 } {
         for range in &frames {
@@ -141,10 +185,22 @@ fn peer_bytes(input: &[u8], inject: u8, repeat: bool, rng: &mut Rng) -> Vec<u8> 
                 2 => unknown_frame(&mut out, rng),
                 _ => {}
             }
+            ends.push(out.len());
         }
     }
     out.extend_from_slice(&input[at..]);
-    out
+    (out, ends)
+}
+
+/// The peer's bytes cut after whole frame `n × at / 64` of their `n`, and a CloseMux there.
+fn with_close_mux(mut bytes: Vec<u8>, ends: &[usize], at: u8) -> Vec<u8> {
+    let cut = match ends.len() * usize::from(at) / 64 {
+        0 => 0,
+        k => ends[k - 1],
+    };
+    bytes.truncate(cut);
+    bytes.extend_from_slice(&frame(0, 0, Kind::CloseMux));
+    bytes
 }
 
 fn frame(id: u32, length: u32, kind: Kind) -> [u8; HEADER_LEN] {
@@ -180,6 +236,8 @@ struct Shared {
     frames_taken: Cell<u64>,
     /// Whether the session has read everything the peer sends.
     input_done: Cell<bool>,
+    /// Told when the peer's CloseMux, the last of its bytes, has been handed to the session.
+    close_mux_sent: Notify,
     /// The checking task, woken after everything the transport does.
     monitor: RefCell<Option<Waker>>,
 }
@@ -213,6 +271,8 @@ struct Peer {
     random_stalls: bool,
     /// Take nothing until the input is read (or `LONG_STALL` has passed).
     never_read: Option<Instant>,
+    /// Its input ends with a CloseMux; after it, writes fail when the connection closes too.
+    close: PeerClose,
     stall: Option<Pin<Box<Sleep>>>,
     rng: Rng,
     /// The header of the session's frame being taken, and the payload bytes still to skip.
@@ -304,6 +364,9 @@ impl AsyncRead for Peer {
         self.just_read = true;
         if self.at == self.bytes.len() {
             self.shared.input_done.set(true);
+            if self.close != PeerClose::No {
+                self.shared.close_mux_sent.notify_one();
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -316,6 +379,9 @@ impl AsyncWrite for Peer {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.shared.poll(self.bytes.len());
+        if self.close == PeerClose::Abrupt && self.shared.input_done.get() {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
         if self.poll_stalled(cx).is_pending() {
             return Poll::Pending;
         }
@@ -336,12 +402,18 @@ impl AsyncWrite for Peer {
     }
 }
 
-/// The application: every stream is read and what was read is written back, up to a limit.
-/// Its tasks run on the same `LocalSet` as the driver, so they take turns with it in order.
-async fn serve(session: Session) {
+/// The application: every stream is read and what was read is written back, up to a limit,
+/// after a burst of `burst` bytes of its own. Its tasks run on the same `LocalSet` as the
+/// driver, so they take turns with it in order.
+async fn serve(session: Session, burst: usize) {
     while let Ok(mut stream) = session.accept().await {
         tokio::task::spawn_local(async move {
             let mut buf = [0u8; APP_CHUNK];
+            for _ in 0..burst / APP_CHUNK {
+                if stream.write_all(&buf).await.is_err() {
+                    return;
+                }
+            }
             let mut echoed = 0;
             while echoed < 256 * 1024 {
                 match stream.read(&mut buf).await {
@@ -390,6 +462,48 @@ async fn monitor(session: Session, shared: Rc<Shared>) {
     .await
 }
 
+/// The peer closes: the session must end gracefully (unless the input broke the protocol
+/// first) and, when the peer takes every write at once, soon after the CloseMux reaches it.
+async fn peer_closes(session: &Session, shared: &Shared, close: PeerClose, prompt: bool) {
+    let handed = tokio::time::timeout(Duration::from_secs(3600), async {
+        tokio::select! {
+            _ = shared.close_mux_sent.notified() => true,
+            _ = session.closed() => false,
+        }
+    })
+    .await;
+    let Ok(handed) = handed else {
+        panic!("the session neither read the peer's CloseMux nor ended");
+    };
+    let bound = if prompt {
+        CLOSE_BOUND
+    } else {
+        Duration::from_secs(3600)
+    };
+    if handed && close == PeerClose::Both {
+        let closed = tokio::time::timeout(bound, session.close()).await;
+        let Ok(closed) = closed else {
+            panic!("Session::close beside the peer's CloseMux took over {bound:?}");
+        };
+        assert!(
+            closed.is_ok() || matches!(session.close_reason(), Some(Error::Protocol(_))),
+            "Session::close beside the peer's CloseMux failed: {closed:?}"
+        );
+    }
+    let Ok(reason) = tokio::time::timeout(bound, session.closed()).await else {
+        panic!("the session did not end within {bound:?} of the peer's CloseMux");
+    };
+    let graceful = match reason {
+        Error::ClosedByPeer | Error::Protocol(_) => true,
+        Error::ClosedLocally => close == PeerClose::Both,
+        _ => false,
+    };
+    assert!(
+        graceful,
+        "the peer's CloseMux ended the session with {reason:?}"
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&options, input)) = data.split_first() else {
         return;
@@ -404,17 +518,31 @@ fuzz_target!(|data: &[u8]| {
     let mut rng = Rng(data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     }) | 1);
+    let Some((&close_options, input)) = input.split_first() else {
+        return;
+    };
+    let close = [
+        PeerClose::No,
+        PeerClose::Graceful,
+        PeerClose::Abrupt,
+        PeerClose::Both,
+    ][usize::from(close_options & 3)];
     let stalls = (options >> 3) & 3;
-    let bytes = peer_bytes(input, (options >> 5) & 3, options & 0x80 != 0, &mut rng);
+    let (mut bytes, ends) = peer_bytes(input, (options >> 5) & 3, options & 0x80 != 0, &mut rng);
+    if close != PeerClose::No {
+        bytes = with_close_mux(bytes, &ends, close_options >> 2);
+    }
     let piece = [1, 7, 64, 4096][usize::from(options & 3)];
     let shared = Rc::new(Shared {
         polls: Cell::new(0),
         budget: POLLS_FIXED + POLLS_PER_BYTE * bytes.len(),
         frames_taken: Cell::new(0),
         input_done: Cell::new(false),
+        close_mux_sent: Notify::new(),
         monitor: RefCell::new(None),
     });
-    let end = options & 4 == 0;
+    // After its CloseMux the peer's writing ends.
+    let end = options & 4 == 0 || close != PeerClose::No;
     let config = Config::default()
         .max_streams(MAX_STREAMS)
         .accept_backlog(ACCEPT_BACKLOG)
@@ -422,7 +550,7 @@ fuzz_target!(|data: &[u8]| {
         .receive_window_budget(WINDOW_BUDGET)
         .keepalive_interval(Some(Duration::from_secs(10)))
         .idle_timeout(Some(Duration::from_secs(60)))
-        .close_timeout(Duration::from_secs(5));
+        .close_timeout(CLOSE_TIMEOUT);
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
         let peer = Peer {
@@ -434,6 +562,7 @@ fuzz_target!(|data: &[u8]| {
             just_read: false,
             random_stalls: stalls & 1 != 0,
             never_read: (stalls & 2 != 0).then(|| Instant::now() + LONG_STALL),
+            close,
             stall: None,
             rng: Rng(rng.next() | 1),
             header: Vec::with_capacity(HEADER_LEN),
@@ -442,9 +571,12 @@ fuzz_target!(|data: &[u8]| {
         };
         let (session, connection) = Session::new(peer, Role::Server, config);
         let driver = tokio::task::spawn_local(connection);
-        tokio::task::spawn_local(serve(session.clone()));
+        let burst = if close == PeerClose::No { 0 } else { BURST };
+        tokio::task::spawn_local(serve(session.clone(), burst));
         tokio::task::spawn_local(monitor(session.clone(), Rc::clone(&shared)));
-        if end {
+        if close != PeerClose::No {
+            peer_closes(&session, &shared, close, stalls == 0).await;
+        } else if end {
             // The whole input, then end-of-file: the session must end, in bounded time.
             let ended = tokio::time::timeout(Duration::from_secs(3600), session.closed()).await;
             assert!(ended.is_ok(), "the session outlived its connection");
