@@ -209,9 +209,14 @@ impl Handle {
     /// stream's bytes, that frame included, are written, within the close timeout.
     async fn close_with(&self, close: fn(&mut Inner, usize)) -> Result<(), Error> {
         let limit = self.with_driver(|inner, key| {
+            // A session that has ended sends no close frame any more: the close did not
+            // happen on the wire, and the caller learns why.
+            if let Some(error) = inner.end_reason() {
+                return Err(error.clone());
+            }
             close(inner, key);
-            inner.config.close_timeout
-        });
+            Ok(inner.config.close_timeout)
+        })?;
         let flushed = poll_fn(|cx| {
             self.shared
                 .with_driver(|inner, _| inner.poll_written(self.key, cx.waker()))
