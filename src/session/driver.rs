@@ -539,8 +539,10 @@ where
                 self.control_buf.clear();
                 self.control_done = 0;
                 let mut inner = self.shared.lock();
-                self.batch.control_end = inner.take_control(Instant::now(), &mut self.control_buf);
+                self.batch.control_end =
+                    inner.take_control(Instant::now(), &mut self.control_buf, &mut self.wakers);
                 drop(inner);
+                self.wake_collected();
                 self.control_waiting = false;
                 usize::MAX
             }

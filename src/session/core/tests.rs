@@ -596,7 +596,8 @@ fn nothing_overtakes_an_unwritten_open() {
     core.inner.close_read(key);
     core.inner.shutdown(key);
     let (mut control, mut later) = (Vec::new(), OutQueue::new());
-    core.inner.take_control(core.now, &mut control);
+    core.inner
+        .take_control(core.now, &mut control, &mut Vec::new());
     assert!(
         control.is_empty(),
         "no close goes ahead of the unwritten open"

@@ -1,0 +1,75 @@
+//! The session core's close paths: a `close` that waits for its own frames and no longer.
+//!
+//! All on paused time: the runtime jumps ahead whenever every task waits, so a wait that ends
+//! only at a timeout shows up as the full timeout, and a bound such as [`PROMPT`] is exact.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{raw_session, within_for};
+use gomux::frame::{Frame, Kind};
+use gomux::{Config, Role};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long an operation may take to notice what it waits for: "at once" on paused time, and
+/// well below the 10 s close timeout that a missed wake-up falls back on.
+const PROMPT: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------------
+// Finding 1: a lost wake-up in `close`.
+
+/// Stream A's data and half-close are in the batch being written while the transport stalls;
+/// meanwhile stream B's reader returns credit and the peer then half-closes B, which makes that
+/// credit entry stale. A `close` of A's write half waits for A's frames. Once the transport
+/// takes the batch, the peer has A's frames, and `close` must return then. It used to wait
+/// for the control queue's end at the time it started waiting, which only the stale entry
+/// stood for, and a batch of stale entries writes nothing, so no write ever reported it:
+/// `close` returned only at its 10 s close timeout.
+#[tokio::test(start_paused = true)]
+async fn close_returns_once_its_frames_are_written_though_a_stale_credit_entry_is_queued() {
+    let (session, _driver, faults, mut raw) = raw_session(Role::Client, Config::default());
+    let a = session.open().await.expect("open A");
+    let mut b = session.open().await.expect("open B");
+    let (a_id, b_id) = (a.id(), b.id());
+    raw.recv_until(a_id, Kind::OpenStream).await;
+    raw.recv_until(b_id, Kind::OpenStream).await;
+
+    // A's data and half-close go into a batch the stalled transport does not take.
+    faults.stall_writes(true);
+    let (_a_read, mut a_write) = a.into_split();
+    a_write.write_all(b"last words").await.expect("write A");
+    a_write.shutdown().await.expect("half-close A");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    // B's reader consumes enough to owe credit (queued), then the peer half-closes B: the
+    // credit entry is stale, nothing will be written for it.
+    raw.send(Frame::data(b_id, vec![7u8; 40_000])).await;
+    let mut got = vec![0u8; 40_000];
+    within_for(PROMPT, "read B", b.read_exact(&mut got))
+        .await
+        .expect("read B");
+    raw.send(Frame::control(b_id, Kind::CloseRead)).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let closing = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let result = a_write.close().await;
+        (result, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    faults.stall_writes(false);
+
+    let data = raw.recv_until(a_id, Kind::Data).await;
+    assert_eq!(&data.payload[..], b"last words");
+    raw.recv_until(a_id, Kind::CloseRead).await;
+    let (result, took) = within_for(Duration::from_secs(60), "close A", closing)
+        .await
+        .expect("the close task");
+    result.expect("close A");
+    assert!(
+        took < PROMPT,
+        "close returned {took:?} after it started, though its frames were written at once"
+    );
+    drop(b);
+}
