@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::frame::{INITIAL_WINDOW, MAX_LENGTH_FIELD, MAX_PAYLOAD};
 
 /// Which end of the connection a session is. The application decides: the protocol has no
@@ -91,6 +93,21 @@ pub struct Config {
     pub(crate) max_streams: usize,
     pub(crate) write_buffer_size: usize,
     pub(crate) write_stall_timeout: Option<Duration>,
+}
+
+/// How far ahead a deadline of "never" lies: about 30 years, as tokio's own `sleep` caps a
+/// `Duration::MAX`.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// The instant `after` past `now`, capped at [`FAR_FUTURE`]: a setting of any duration (up to
+/// `Duration::MAX`) means "that long, or never", and adding it to an instant must not
+/// overflow. Every `Instant + Duration` of a setting goes through here.
+/// (`tests/close_core.rs`, `settings_of_duration_max_*`.)
+pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
+    let after = after.min(FAR_FUTURE);
+    // 30 years past any instant a running process can see is representable; should a platform
+    // disagree, "now" beats a panic in the driver.
+    now.checked_add(after).unwrap_or(now)
 }
 
 /// The most live streams a session allows: the search for a free id of this side's parity

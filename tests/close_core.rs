@@ -1,4 +1,5 @@
-//! The session core's close paths: a `close` that waits for its own frames and no longer.
+//! The session core's close paths: a `close` that waits for its own frames and no longer, and
+//! settings of any duration.
 //!
 //! All on paused time: the runtime jumps ahead whenever every task waits, so a wait that ends
 //! only at a timeout shows up as the full timeout, and a bound such as [`PROMPT`] is exact.
@@ -72,4 +73,67 @@ async fn close_returns_once_its_frames_are_written_though_a_stale_credit_entry_i
         "close returned {took:?} after it started, though its frames were written at once"
     );
     drop(b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 3: settings of any duration.
+
+/// A session with `config` opens a stream, carries data through a brief write stall (so the
+/// write-stall clock runs), lives an hour, and closes with its CloseMux.
+async fn works_and_closes_with(config: Config, what: &str) {
+    let (session, driver, faults, mut raw) = raw_session(Role::Client, config);
+    let mut stream = session.open().await.expect("open");
+    let id = stream.id();
+    raw.recv_until(id, Kind::OpenStream).await;
+    faults.stall_writes(true);
+    stream.write_all(b"data").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    faults.stall_writes(false);
+    let data = raw.recv_until(id, Kind::Data).await;
+    assert_eq!(&data.payload[..], b"data", "{what}");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(session.close_reason().is_none(), "{what}: still running");
+
+    let closing = tokio::spawn(async move { session.close().await });
+    raw.recv_until(0, Kind::CloseMux).await;
+    drop(raw);
+    within_for(PROMPT, what, closing)
+        .await
+        .expect("the close task")
+        .unwrap_or_else(|e| panic!("{what}: close failed: {e}"));
+    let driven = within_for(PROMPT, what, driver)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: the driver panicked: {e}"));
+    assert!(driven.is_ok(), "{what}: {driven:?}");
+}
+
+/// Each duration setter takes `Duration::MAX` ("never", in effect). The driver added them to
+/// an instant with `+`, and panicked on its first poll ("overflow when adding duration to
+/// instant").
+#[tokio::test(start_paused = true)]
+async fn settings_of_duration_max_neither_panic_nor_stop_the_session() {
+    let max = Duration::MAX;
+    let cases = [
+        (
+            Config::default().keepalive_interval(Some(max)),
+            "keepalive_interval",
+        ),
+        (Config::default().idle_timeout(Some(max)), "idle_timeout"),
+        (
+            Config::default().write_stall_timeout(Some(max)),
+            "write_stall_timeout",
+        ),
+        (Config::default().close_timeout(max), "close_timeout"),
+        (
+            Config::default()
+                .keepalive_interval(Some(max))
+                .idle_timeout(Some(max))
+                .write_stall_timeout(Some(max))
+                .close_timeout(max),
+            "all four",
+        ),
+    ];
+    for (config, what) in cases {
+        works_and_closes_with(config, what).await;
+    }
 }

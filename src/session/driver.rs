@@ -28,6 +28,7 @@ use super::core::{Batch, Shared};
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
 use crate::codec::FrameCodec;
+use crate::config::deadline_after;
 use crate::error::{CodecError, Error};
 use crate::frame::Kind;
 
@@ -148,7 +149,7 @@ impl Timer {
         Timer {
             interval,
             last: now,
-            sleep: Box::pin(tokio::time::sleep_until(now + interval)),
+            sleep: Box::pin(tokio::time::sleep_until(deadline_after(now, interval))),
         }
     }
 
@@ -157,10 +158,12 @@ impl Timer {
         if self.sleep.as_mut().poll(cx).is_pending() {
             return false;
         }
-        let deadline = self.last + self.interval;
+        let deadline = deadline_after(self.last, self.interval);
         if Instant::now() >= deadline {
             self.last = Instant::now();
-            self.sleep.as_mut().reset(self.last + self.interval);
+            self.sleep
+                .as_mut()
+                .reset(deadline_after(self.last, self.interval));
             let _ = self.sleep.as_mut().poll(cx);
             return true;
         }
@@ -591,7 +594,7 @@ where
             return;
         }
         self.stall_armed = true;
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         match &mut self.stall {
             Some(sleep) => sleep.as_mut().reset(deadline),
             None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
