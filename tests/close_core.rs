@@ -1,5 +1,6 @@
-//! The session core's close paths: a `close` that waits for its own frames and no longer, and
-//! settings of any duration.
+//! The session core's close paths: a `close` that waits for its own frames and no longer, a
+//! drain that ends once the streams have nothing left to do (handles may stay), and settings of
+//! any duration.
 //!
 //! All on paused time: the runtime jumps ahead whenever every task waits, so a wait that ends
 //! only at a timeout shows up as the full timeout, and a bound such as [`PROMPT`] is exact.
@@ -8,10 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{raw_session, within_for};
+use common::{duplex_pair, raw_session, within_for};
 use gomux::frame::{Frame, Kind};
-use gomux::{Config, Role};
+use gomux::{Config, Error, Role};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::timeout;
 
 /// How long an operation may take to notice what it waits for: "at once" on paused time, and
 /// well below the 10 s close timeout that a missed wake-up falls back on.
@@ -73,6 +75,94 @@ async fn close_returns_once_its_frames_are_written_though_a_stale_credit_entry_i
         "close returned {took:?} after it started, though its frames were written at once"
     );
     drop(b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding 2: a drain waits for streams with work left, not for handles.
+
+/// A server serves a stream, closes it (CloseStream written, both directions done) and keeps
+/// the handle, as a server that logs or pools its streams may. `graceful_close` must close the
+/// session at once, and `wait_idle` resolve: nothing is left to do on the stream. Counting
+/// handles, it timed out with `GracefulCloseTimedOut { streams: 1 }`, and `wait_idle` never
+/// resolved.
+#[tokio::test(start_paused = true)]
+async fn a_closed_stream_whose_handle_is_kept_does_not_hold_a_graceful_close() {
+    let (client, server) = duplex_pair().await;
+    let mut request = client.open().await.expect("open");
+    request.write_all(b"ping").await.expect("write");
+    request.shutdown().await.expect("half-close");
+    let mut served = within_for(PROMPT, "accept", server.accept())
+        .await
+        .expect("accept");
+    let mut text = Vec::new();
+    within_for(PROMPT, "read the request", served.read_to_end(&mut text))
+        .await
+        .expect("read");
+    served.write_all(b"pong").await.expect("reply");
+    within_for(PROMPT, "close the served stream", served.close())
+        .await
+        .expect("close");
+
+    within_for(PROMPT, "wait_idle", server.wait_idle()).await;
+    let started = tokio::time::Instant::now();
+    let closed = within_for(
+        Duration::from_secs(60),
+        "graceful close",
+        server.graceful_close(Duration::from_secs(2)),
+    )
+    .await;
+    assert!(
+        closed.is_ok(),
+        "graceful close with a finished stream kept: {closed:?}"
+    );
+    assert!(started.elapsed() < PROMPT, "it closed at once");
+    assert_eq!(server.stream_count(), 1, "the handle still counts as state");
+    let mut reply = Vec::new();
+    within_for(PROMPT, "read the reply", request.read_to_end(&mut reply))
+        .await
+        .expect("the client reads the whole reply");
+    assert_eq!(reply, b"pong");
+    drop(served);
+}
+
+/// Both directions ended, one by each side, with data received and never read: the stream is
+/// done, and the drain does not wait for the reader. A stream still open in one direction does
+/// hold it, until the deadline, and is the one counted as cut.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_open_directions_not_for_unread_data() {
+    let (client, server) = duplex_pair().await;
+    // Done: the client sends data and half-closes; the server only half-closes its side.
+    let mut done = client.open().await.expect("open");
+    done.write_all(b"never read").await.expect("write");
+    done.shutdown().await.expect("half-close");
+    let mut unread = within_for(PROMPT, "accept", server.accept())
+        .await
+        .expect("accept");
+    unread.shutdown().await.expect("server half-close");
+    // Not done: the client's side of this one stays open.
+    let _open = client.open().await.expect("open");
+    let mut busy = within_for(PROMPT, "accept", server.accept())
+        .await
+        .expect("accept");
+    busy.shutdown().await.expect("server half-close");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let idle = timeout(Duration::from_secs(5), server.wait_idle()).await;
+    assert!(idle.is_err(), "one stream's peer may still send");
+    let closed = within_for(
+        Duration::from_secs(60),
+        "graceful close",
+        server.graceful_close(Duration::from_secs(2)),
+    )
+    .await;
+    match closed {
+        Err(Error::GracefulCloseTimedOut { streams }) => assert_eq!(streams, 1),
+        other => panic!("expected one stream cut, got {other:?}"),
+    }
+    // The unread data stays readable after the close.
+    let mut text = Vec::new();
+    unread.read_to_end(&mut text).await.expect("read");
+    assert_eq!(text, b"never read");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ use crate::stream::Stream;
 /// [`Session::new`]. There is no task and no channel per stream.
 ///
 /// When every `Session` handle is dropped, streams opened by the peer are refused, and the
-/// session closes itself gracefully once its last stream is gone (as
+/// session closes itself gracefully once no stream has anything left to do (as
 /// [`graceful_close`](Session::graceful_close) does, without a deadline).
 ///
 /// # Shutting down a server gracefully
@@ -215,8 +215,11 @@ impl Session {
             .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
     }
 
-    /// The streams the peer opens, as a [`futures_core::Stream`]. It ends after the session does: a
-    /// session closed by this side ends it at once; any other end yields that error once first.
+    /// The streams the peer opens, as a [`futures_core::Stream`]. Streams already queued are
+    /// handed out first; then a graceful end ends it with `None`: this side's
+    /// [`close`](Session::close) or [`graceful_close`](Session::graceful_close) (at once, even
+    /// while the session drains), or the peer's CloseMux. Any other end (a protocol error, a
+    /// failed transport, a timeout) yields that error once, then `None`.
     pub fn incoming(&self) -> Incoming {
         Incoming {
             session: self.clone(),
@@ -246,9 +249,12 @@ impl Session {
     /// peer's new streams are refused (CloseStream, as when the accept backlog is full), streams
     /// it opened that were not accepted yet are refused too, `open` and `accept` fail with
     /// [`Error::ClosedLocally`] (and [`incoming`](Session::incoming) ends), while open streams
-    /// go on reading and writing. Once the last of them is gone (closed or dropped by this
-    /// side, its data written), the session closes as [`close`](Session::close) does. If
-    /// streams are still open after `timeout`, it closes anyway, cutting them.
+    /// go on reading and writing. Once none of them has anything left to do and everything
+    /// queued is written, the session closes as [`close`](Session::close) does. A stream is
+    /// done once this side closed it ([`Stream::close`], or dropping it), or both of its
+    /// directions have ended, by either side (`shutdown` here, and the peer's end of its
+    /// data): a handle kept on it, or data received and not read, does not hold the session
+    /// open. If streams still have work after `timeout`, it closes anyway, cutting them.
     ///
     /// What h2's `graceful_shutdown` and quinn's `wait_idle` give, within what the protocol can
     /// say: it has no frame to tell the peer "no new streams", so the peer learns of the
@@ -286,7 +292,7 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::GracefulCloseTimedOut`] when streams were still open at the deadline (the
+    /// [`Error::GracefulCloseTimedOut`] when streams still had work at the deadline (the
     /// session is closed all the same); otherwise as [`close`](Session::close).
     pub async fn graceful_close(&self, timeout: std::time::Duration) -> Result<(), Error> {
         self.shared
@@ -294,7 +300,7 @@ impl Session {
         if tokio::time::timeout(timeout, self.finished()).await.is_ok() {
             return self.shared.lock().outcome();
         }
-        let cut = self.shared.lock().stream_count();
+        let cut = self.shared.lock().unfinished_streams();
         let closed = self.close().await;
         // That streams were cut is what the caller most needs to know; a failure of the
         // close itself stays visible through `close_reason` and the driver's result.
@@ -304,10 +310,12 @@ impl Session {
         closed
     }
 
-    /// Waits until the session has no stream (none open, none waiting to be accepted), or has
-    /// ended. Resolves at once if that is already so; a stream opened afterwards does not
-    /// matter to it. With [`graceful_close`](Session::graceful_close), it tells when the
-    /// draining is done without closing anything itself.
+    /// Waits until no stream has anything left to do (none open, none waiting to be accepted;
+    /// a stream counts as done as [`graceful_close`](Session::graceful_close) says, handles
+    /// kept or not) and everything queued is written, or until the session has ended.
+    /// Resolves at once if that is already so; a stream opened afterwards does not matter to
+    /// it. With [`graceful_close`](Session::graceful_close), it tells when the draining is
+    /// done without closing anything itself.
     pub async fn wait_idle(&self) {
         let mut waiting = Waiting::new(&self.shared, Inner::idle_waiter_gone);
         poll_fn(|cx| {
@@ -364,7 +372,10 @@ impl Session {
         self.shared.lock().role
     }
 
-    /// Streams with live state: open, or closed by one side while a handle remains.
+    /// Streams with live state: open, or closed by one side while a handle remains. This
+    /// counts the streams that have state, handles included: a finished stream whose handle is
+    /// kept counts here, though it no longer holds a [`graceful_close`](Session::graceful_close)
+    /// or [`wait_idle`](Session::wait_idle).
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
     }

@@ -29,9 +29,10 @@ pub(super) struct Lifecycle {
     /// Live `Session` handles. When none is left, the session drains (see `draining`).
     pub(super) session_handles: usize,
     /// `Session::graceful_close` was called: inbound streams are refused, opens fail, and the
-    /// session closes itself once its last stream is gone.
+    /// session closes itself once no stream has anything left to do.
     closing_gracefully: bool,
-    /// Tasks waiting for the session to have no stream (`Session::wait_idle`).
+    /// Tasks waiting for the session to have no stream with anything left to do
+    /// (`Session::wait_idle`).
     idle_waiters: WaitList,
 }
 
@@ -118,7 +119,7 @@ impl Inner {
         event!(
             debug,
             session = self.id,
-            streams = self.streams.len(),
+            streams = self.unfinished,
             "draining"
         );
         self.life.closing_gracefully = true;
@@ -196,7 +197,10 @@ impl Inner {
     }
 
     /// Moves a draining session towards its end: inbound streams nobody will accept are
-    /// refused (CloseStream), and once no stream is left the session closes itself.
+    /// refused (CloseStream), and once no stream has anything left to do and everything
+    /// queued is written, the session closes itself. Finished streams whose handles are kept
+    /// do not hold it. (Counting handles, a server that closed a stream and kept its handle
+    /// timed out: `tests/close_core.rs`, `a_closed_stream_whose_handle_is_kept_*`.)
     pub(crate) fn check_draining(&mut self, wakers: &mut Vec<Waker>) {
         if !self.life.draining() {
             return;
@@ -204,19 +208,20 @@ impl Inner {
         while let Some(key) = self.accept_queue.pop_front() {
             self.release(key, true, true);
         }
-        if self.life.end.is_none() && self.streams.len() == 0 {
+        if self.life.end.is_none() && self.idle() {
             self.close(wakers);
         }
     }
 
-    /// Whether the session is draining and has no stream left, so the driver should close it.
+    /// Whether the session is draining and idle, so the driver should close it.
     pub(crate) fn drained(&self) -> bool {
-        self.life.draining() && self.streams.len() == 0
+        self.life.draining() && self.idle()
     }
 
-    /// Registers a task to wake when the session has no stream (or has ended); true once so.
+    /// Registers a task to wake when no stream has anything left to do and everything queued
+    /// is written (or the session has ended); true once so.
     pub(crate) fn poll_idle(&mut self, waker: &Waker, slot: &mut Option<usize>) -> bool {
-        if self.streams.len() == 0 || self.life.ended() {
+        if self.idle() || self.life.ended() {
             return true;
         }
         self.life.idle_waiters.register(slot, waker);
@@ -228,9 +233,9 @@ impl Inner {
         self.life.idle_waiters.remove(slot);
     }
 
-    /// Wakes the tasks waiting for the session to have no stream, if it has none.
+    /// Wakes the tasks waiting for the session to be idle, if it is.
     pub(crate) fn wake_if_idle(&mut self, wakers: &mut Vec<Waker>) {
-        if self.streams.len() == 0 && !self.life.idle_waiters.is_empty() {
+        if !self.life.idle_waiters.is_empty() && self.idle() {
             self.life.idle_waiters.wake_all(wakers);
         }
     }

@@ -142,6 +142,11 @@ impl Outgoing {
         self.bytes_written
     }
 
+    /// Whether everything queued in both queues is written.
+    pub(super) fn all_written(&self) -> bool {
+        self.data_written >= self.data_end && self.control_written >= self.control_pushed
+    }
+
     /// Whether a stream's bytes up to `mark` are written (see `StreamState::mark`).
     fn written(&self, mark: u64, in_control: bool) -> bool {
         if in_control {

@@ -200,6 +200,10 @@ impl Inner {
         };
         apply(stream);
         stream.wake_all(wakers);
+        self.note_finished(key);
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
         if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
             stream.queued.set(Queued::STOP, false);
             wakers.extend(self.stop_waiters.remove(&key).flatten());
@@ -212,6 +216,7 @@ impl Inner {
     pub(super) fn insert_stream(&mut self, id: u32) -> usize {
         let stream = StreamState::new(id, self.config.receive_window);
         let key = self.streams.insert(stream);
+        self.unfinished += 1;
         // Every stream with state has its own 32-bit id, so the slab's keys fit in 32 bits.
         self.ids.insert(id, key as u32);
         key

@@ -197,6 +197,7 @@ impl Inner {
         if stream.may_send_frames() && !ended {
             self.queue_close(key, Kind::CloseRead);
         }
+        self.note_finished(key);
     }
 
     /// Close of the read side: CloseWrite on the wire; buffered and arriving data is discarded.
@@ -216,6 +217,7 @@ impl Inner {
         if send {
             self.queue_close(key, Kind::CloseWrite);
         }
+        self.note_finished(key);
     }
 
     /// Full close: CloseStream on the wire, after the data written.
@@ -236,6 +238,7 @@ impl Inner {
         if send {
             self.queue_close(key, Kind::CloseStream);
         }
+        self.note_finished(key);
     }
 
     /// A handle goes away: a reading one (`reader`), a writing one (`writer`), or a `Stream`
@@ -296,6 +299,13 @@ impl Inner {
         let _unread = self.stop_reading(key);
         if send_close {
             self.queue_close(key, Kind::CloseStream);
+        }
+        if self
+            .streams
+            .get(key)
+            .is_some_and(|s| !s.queued.has(Queued::FINISHED))
+        {
+            self.unfinished = self.unfinished.saturating_sub(1);
         }
         self.streams.remove(key);
         self.ids.remove(&id);
