@@ -191,7 +191,23 @@ impl Handle {
     }
 
     async fn stopped(&self) -> Result<Stopped, Error> {
-        poll_fn(|cx| self.shared.lock().poll_stopped(self.key, cx.waker())).await
+        /// The future's slot among the stream's `stopped()` waiters, given back when it goes.
+        struct Slot<'a>(&'a Handle, Option<usize>);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                if self.1.is_some() {
+                    let key = self.0.key;
+                    self.0.shared.lock().stop_waiter_gone(key, &mut self.1);
+                }
+            }
+        }
+        let mut slot = Slot(self, None);
+        poll_fn(|cx| {
+            self.shared
+                .lock()
+                .poll_stopped(self.key, cx.waker(), &mut slot.1)
+        })
+        .await
     }
 
     fn peer_stopped(&self) -> Option<Stopped> {

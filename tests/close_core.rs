@@ -1,6 +1,6 @@
 //! The session core's close paths: a `close` that waits for its own frames and no longer, a
-//! drain that ends once the streams have nothing left to do (handles may stay), and settings of
-//! any duration.
+//! drain that ends once the streams have nothing left to do (handles may stay), settings of
+//! any duration, and `stopped()` with several waiters.
 //!
 //! All on paused time: the runtime jumps ahead whenever every task waits, so a wait that ends
 //! only at a timeout shows up as the full timeout, and a bound such as [`PROMPT`] is exact.
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{duplex_pair, raw_session, within_for};
 use gomux::frame::{Frame, Kind};
+use gomux::stream::Stopped;
 use gomux::{Config, Error, Role};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
@@ -225,5 +226,39 @@ async fn settings_of_duration_max_neither_panic_nor_stop_the_session() {
     ];
     for (config, what) in cases {
         works_and_closes_with(config, what).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `Stream::stopped` with several waiters.
+
+/// Two tasks wait in `stopped()` on one stream: the peer's CloseWrite wakes both. One waker
+/// per stream woke only the task that polled last; the other waited for ever (here: until
+/// the step's limit).
+#[tokio::test(start_paused = true)]
+async fn stopped_wakes_every_task_waiting_on_it() {
+    let (session, _driver, _faults, mut raw) = raw_session(Role::Client, Config::default());
+    let stream = std::sync::Arc::new(session.open().await.expect("open"));
+    let id = stream.id();
+    raw.recv_until(id, Kind::OpenStream).await;
+    let waiter = |stream: &std::sync::Arc<gomux::Stream>| {
+        let stream = stream.clone();
+        tokio::spawn(async move { stream.stopped().await })
+    };
+    let first = waiter(&stream);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second = waiter(&stream);
+    // A cancelled waiter between them gives its slot back.
+    assert!(timeout(Duration::from_millis(5), stream.stopped())
+        .await
+        .is_err());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    raw.send(Frame::control(id, Kind::CloseWrite)).await;
+    for waiter in [first, second] {
+        let how = within_for(PROMPT, "a stopped() waiter", waiter)
+            .await
+            .expect("the waiter task")
+            .expect("stopped");
+        assert_eq!(how, Stopped::ReadClosed);
     }
 }

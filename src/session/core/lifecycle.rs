@@ -106,7 +106,10 @@ impl Inner {
         self.wake_all_outgoing(wakers);
         self.accept_waiters.wake_all(wakers);
         self.life.idle_waiters.wake_all(wakers);
-        wakers.extend(self.stop_waiters.drain().filter_map(|(_, waker)| waker));
+        // The lists stay until their futures go: each gives its slot back when dropped.
+        for list in self.stop_waiters.values_mut() {
+            list.wake_all(wakers);
+        }
         wakers.extend(self.driver_waker.take());
     }
 

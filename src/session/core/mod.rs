@@ -102,9 +102,11 @@ pub(crate) struct Inner {
     /// Inbound streams waiting for `accept`, and the tasks waiting there.
     accept_queue: VecDeque<usize>,
     accept_waiters: WaitList,
-    /// The task waiting in `stopped()` on a stream, by stream key: few streams have one, so
-    /// it is kept here rather than in every stream's state.
-    stop_waiters: IdMap<usize, Option<Waker>>,
+    /// The tasks waiting in `stopped()` on a stream, by stream key, each in a slot of its own
+    /// (any number of tasks may wait, and all are woken): few streams have one, so the list
+    /// is kept here rather than in every stream's state. A list goes when its last future
+    /// does.
+    stop_waiters: IdMap<usize, WaitList>,
     out: Outgoing,
     life: Lifecycle,
     /// The driver's waker, taken by whoever gives it something to do.

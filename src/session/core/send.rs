@@ -288,7 +288,7 @@ impl Inner {
         let id = stream.id;
         let send_close = stream.closed == Closed::No && !ended;
         if stream.queued.has(Queued::STOP) {
-            // A `stopped()` future that was dropped before the peer stopped left its waker.
+            // No `stopped()` future outlives the handles; this only keeps the map exact.
             self.stop_waiters.remove(&key);
         }
         let grown = stream
