@@ -1,6 +1,6 @@
 //! The session core's close paths: a `close` that waits for its own frames and no longer, a
 //! drain that ends once the streams have nothing left to do (handles may stay), settings of
-//! any duration, and `stopped()` with several waiters.
+//! any duration, the draining signal, and `stopped()` with several waiters.
 //!
 //! All on paused time: the runtime jumps ahead whenever every task waits, so a wait that ends
 //! only at a timeout shows up as the full timeout, and a bound such as [`PROMPT`] is exact.
@@ -227,6 +227,81 @@ async fn settings_of_duration_max_neither_panic_nor_stop_the_session() {
     for (config, what) in cases {
         works_and_closes_with(config, what).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The draining signal.
+
+/// `draining` resolves for every waiter when this side starts a graceful close, and a future
+/// dropped before leaves nothing behind.
+#[tokio::test(start_paused = true)]
+async fn draining_resolves_for_every_waiter_at_a_graceful_close() {
+    let (_client, server) = duplex_pair().await;
+    assert!(!server.is_draining());
+    // Cancelled waits leave nothing behind (the waiter list is cancel safe).
+    for _ in 0..3 {
+        assert!(timeout(Duration::from_millis(5), server.draining())
+            .await
+            .is_err());
+    }
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move { server.draining().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "nothing drains yet"
+    );
+    // A stream being served keeps the session draining rather than ended.
+    let _opened = _client.open().await.expect("open");
+    let served = within_for(PROMPT, "accept", server.accept())
+        .await
+        .expect("accept");
+    let closing = {
+        let server = server.clone();
+        tokio::spawn(async move { server.graceful_close(Duration::from_secs(30)).await })
+    };
+    for waiter in waiters {
+        within_for(PROMPT, "a draining waiter", waiter)
+            .await
+            .expect("the waiter task");
+    }
+    assert!(server.is_draining());
+    assert!(server.close_reason().is_none(), "still draining, not ended");
+    drop(served);
+    within_for(Duration::from_secs(60), "the graceful close", closing)
+        .await
+        .expect("the close task")
+        .expect("graceful close");
+}
+
+/// Any end counts as draining: the peer's CloseMux, and a local close.
+#[tokio::test(start_paused = true)]
+async fn draining_resolves_when_the_session_ends_for_any_reason() {
+    let (client, server) = duplex_pair().await;
+    let waiting = {
+        let server = server.clone();
+        tokio::spawn(async move { server.draining().await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!waiting.is_finished());
+    client.close().await.expect("the client closes");
+    within_for(PROMPT, "draining after the peer's CloseMux", waiting)
+        .await
+        .expect("the waiter task");
+    assert!(server.is_draining());
+
+    let (client, _server) = duplex_pair().await;
+    let local = client.clone();
+    let waiting = tokio::spawn(async move { local.draining().await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    client.close().await.expect("close");
+    within_for(PROMPT, "draining after a local close", waiting)
+        .await
+        .expect("the waiter task");
 }
 
 // ---------------------------------------------------------------------------------------------

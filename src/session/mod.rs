@@ -256,6 +256,8 @@ impl Session {
     /// data): a handle kept on it, or data received and not read, does not hold the session
     /// open. If streams still have work after `timeout`, it closes anyway, cutting them.
     ///
+    /// [`draining`](Session::draining) tells the tasks serving streams that it started.
+    ///
     /// What h2's `graceful_shutdown` and quinn's `wait_idle` give, within what the protocol can
     /// say: it has no frame to tell the peer "no new streams", so the peer learns of the
     /// draining only when its next open is refused.
@@ -326,6 +328,57 @@ impl Session {
             }
         })
         .await
+    }
+
+    /// Waits until the session stops taking new streams: this side started a graceful close
+    /// ([`graceful_close`](Session::graceful_close)), or the session is ending for any reason
+    /// (a [`close`](Session::close) by either side, an error). Resolves at once if that is
+    /// already so. Any number of tasks may wait; cancel safe (a dropped future leaves nothing
+    /// behind). For servers: each task serving a stream (or a connection on one, as in
+    /// `examples/http.rs`) can finish its current work and stop at this signal.
+    ///
+    /// The protocol has no frame for a peer's graceful close, so a peer that drains is seen
+    /// only when it refuses a new stream, or when its CloseMux ends the session.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// use std::time::Duration;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (_client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let watcher = server.clone();
+    /// let serving = tokio::spawn(async move {
+    ///     // A server's loop: serve until the session drains, then wind down.
+    ///     watcher.draining().await;
+    ///     assert!(watcher.is_draining());
+    /// });
+    /// assert!(!server.is_draining());
+    /// server.graceful_close(Duration::from_secs(5)).await?;
+    /// # serving.await.unwrap();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn draining(&self) {
+        let mut waiting = Waiting::new(&self.shared, Inner::drain_waiter_gone);
+        poll_fn(|cx| {
+            if self
+                .shared
+                .lock()
+                .poll_draining(cx.waker(), &mut waiting.slot)
+            {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Whether the session stops taking new streams: [`draining`](Session::draining) has
+    /// resolved, or would at once.
+    pub fn is_draining(&self) -> bool {
+        self.shared.lock().is_draining()
     }
 
     /// Waits until the session has ended and its transport is closed, and returns why it ended

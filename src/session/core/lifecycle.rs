@@ -34,6 +34,8 @@ pub(super) struct Lifecycle {
     /// Tasks waiting for the session to have no stream with anything left to do
     /// (`Session::wait_idle`).
     idle_waiters: WaitList,
+    /// Tasks waiting for the session to drain or end (`Session::draining`).
+    drain_waiters: WaitList,
 }
 
 impl Lifecycle {
@@ -48,6 +50,7 @@ impl Lifecycle {
             session_handles: 1,
             closing_gracefully: false,
             idle_waiters: WaitList::new(),
+            drain_waiters: WaitList::new(),
         }
     }
 
@@ -106,6 +109,7 @@ impl Inner {
         self.wake_all_outgoing(wakers);
         self.accept_waiters.wake_all(wakers);
         self.life.idle_waiters.wake_all(wakers);
+        self.life.drain_waiters.wake_all(wakers);
         // The lists stay until their futures go: each gives its slot back when dropped.
         for list in self.stop_waiters.values_mut() {
             list.wake_all(wakers);
@@ -126,6 +130,7 @@ impl Inner {
             "draining"
         );
         self.life.closing_gracefully = true;
+        self.life.drain_waiters.wake_all(wakers);
         self.accept_waiters.wake_all(wakers);
         self.wake_openers(wakers);
         self.check_draining(wakers);
@@ -229,6 +234,25 @@ impl Inner {
         }
         self.life.idle_waiters.register(slot, waker);
         false
+    }
+
+    /// Whether the session drains or has ended: `Session::is_draining`.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.life.draining() || self.life.ended()
+    }
+
+    /// Registers a task to wake when the session starts draining or ends; true once it has.
+    pub(crate) fn poll_draining(&mut self, waker: &Waker, slot: &mut Option<usize>) -> bool {
+        if self.is_draining() {
+            return true;
+        }
+        self.life.drain_waiters.register(slot, waker);
+        false
+    }
+
+    /// A `draining()` future is gone.
+    pub(crate) fn drain_waiter_gone(&mut self, slot: &mut Option<usize>) {
+        self.life.drain_waiters.remove(slot);
     }
 
     /// A `wait_idle()` future is gone.
