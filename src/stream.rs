@@ -78,20 +78,6 @@ pub struct OwnedWriteHalf {
     handle: Handle,
 }
 
-/// The former name of [`OwnedReadHalf`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `OwnedReadHalf`, as tokio names its owned halves"
-)]
-pub type ReadHalf = OwnedReadHalf;
-
-/// The former name of [`OwnedWriteHalf`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `OwnedWriteHalf`, as tokio names its owned halves"
-)]
-pub type WriteHalf = OwnedWriteHalf;
-
 /// How the peer stopped taking data on a stream, from [`Stream::stopped`].
 ///
 /// The protocol has no refusal frame and no error codes: a peer refuses a stream (its accept
@@ -289,8 +275,8 @@ impl Stream {
     /// having to write, and a stream the peer refused is told apart from one it half-closed
     /// (reads end the same way on both).
     ///
-    /// Several tasks may wait on it, but only the last one to poll is woken: wait from one
-    /// task (for example in a `select!` beside the copying).
+    /// Any number of tasks may wait on it (sharing the stream through an `Arc`, for
+    /// example), and all are woken. Cancel safe: a dropped future leaves nothing behind.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
