@@ -195,20 +195,32 @@ async fn serve_session(socket: TcpStream) -> (gomux::Error, u64) {
             Ok(stream) => {
                 streams += 1;
                 // One task per stream, so a slow request never holds up the others.
-                tokio::spawn(serve_stream(stream));
+                tokio::spawn(serve_stream(stream, session.clone()));
             }
             Err(reason) => return (reason, streams),
         }
     }
 }
 
-/// Runs one HTTP/1.1 connection on a stream, until the client closes its end.
-async fn serve_stream(stream: Stream) {
+/// Runs one HTTP/1.1 connection on a stream, until the client closes its end, or until the
+/// session drains (`Session::graceful_close`, the peer's CloseMux, an error): then hyper's
+/// `graceful_shutdown` lets the request in flight finish, answered with `Connection: close`,
+/// and ends the connection, so that the session's drain is not held up by idle keep-alive
+/// connections.
+async fn serve_stream(stream: Stream, session: Session) {
     let id = stream.id();
     // `TokioIo` adapts tokio's I/O traits to hyper's.
     let connection = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service_fn(respond));
-    if let Err(error) = connection.await {
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = session.draining() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = result {
         eprintln!("http: stream {id}: {error}");
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::frame::{INITIAL_WINDOW, MAX_LENGTH_FIELD, MAX_PAYLOAD};
 
 /// Which end of the connection a session is. The application decides: the protocol has no
@@ -92,6 +94,21 @@ pub struct Config {
     pub(crate) max_streams: usize,
     pub(crate) write_buffer_size: usize,
     pub(crate) write_stall_timeout: Option<Duration>,
+}
+
+/// How far ahead a deadline of "never" lies: about 30 years, as tokio's own `sleep` caps a
+/// `Duration::MAX`.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// The instant `after` past `now`, capped at [`FAR_FUTURE`]: a setting of any duration (up to
+/// `Duration::MAX`) means "that long, or never", and adding it to an instant must not
+/// overflow. Every `Instant + Duration` of a setting goes through here.
+/// (`tests/close_core.rs`, `settings_of_duration_max_*`.)
+pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
+    let after = after.min(FAR_FUTURE);
+    // 30 years past any instant a running process can see is representable; should a platform
+    // disagree, "now" beats a panic in the driver.
+    now.checked_add(after).unwrap_or(now)
 }
 
 /// The most live streams a session allows: the search for a free id of this side's parity
@@ -294,15 +311,104 @@ impl Config {
         self.max_receive_window.max(self.receive_window)
     }
 
-    /// The configured maximum of live streams.
+    /// The configured maximum of live streams (the same as
+    /// [`max_streams_setting`](Config::max_streams_setting)).
     pub fn max_streams_limit(&self) -> usize {
         self.max_streams
+    }
+
+    // Getters, one per setter, named `<setter>_setting` (the setters take the plain names):
+    // what a session built from this configuration uses, after clamping.
+
+    /// The [`max_payload`](Config::max_payload) setting, in bytes.
+    pub fn max_payload_setting(&self) -> usize {
+        self.max_payload
+    }
+
+    /// The [`receive_window`](Config::receive_window) setting, in bytes.
+    pub fn receive_window_setting(&self) -> u32 {
+        self.receive_window
+    }
+
+    /// The [`max_receive_window`](Config::max_receive_window) setting, in bytes, as it applies:
+    /// never below [`receive_window`](Config::receive_window).
+    pub fn max_receive_window_setting(&self) -> u32 {
+        self.window_ceiling()
+    }
+
+    /// The [`receive_window_budget`](Config::receive_window_budget) setting, in bytes.
+    pub fn receive_window_budget_setting(&self) -> u64 {
+        self.receive_window_budget
+    }
+
+    /// The [`keepalive_interval`](Config::keepalive_interval) setting; `None` when off.
+    pub fn keepalive_interval_setting(&self) -> Option<Duration> {
+        self.keepalive_interval
+    }
+
+    /// The [`idle_timeout`](Config::idle_timeout) setting; `None` when off.
+    pub fn idle_timeout_setting(&self) -> Option<Duration> {
+        self.idle_timeout
+    }
+
+    /// The [`close_timeout`](Config::close_timeout) setting.
+    pub fn close_timeout_setting(&self) -> Duration {
+        self.close_timeout
+    }
+
+    /// The [`accept_backlog`](Config::accept_backlog) setting, in streams.
+    pub fn accept_backlog_setting(&self) -> usize {
+        self.accept_backlog
+    }
+
+    /// The [`max_streams`](Config::max_streams) setting, in streams.
+    pub fn max_streams_setting(&self) -> usize {
+        self.max_streams
+    }
+
+    /// The [`write_buffer_size`](Config::write_buffer_size) setting, in bytes.
+    pub fn write_buffer_size_setting(&self) -> usize {
+        self.write_buffer_size
+    }
+
+    /// The [`write_stall_timeout`](Config::write_stall_timeout) setting; `None` when off.
+    pub fn write_stall_timeout_setting(&self) -> Option<Duration> {
+        self.write_stall_timeout
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every getter reads back what its setter stored, after the same clamping.
+    #[test]
+    fn every_setting_reads_back_through_its_getter() {
+        let second = Duration::from_secs(1);
+        let config = Config::default()
+            .max_payload(0)
+            .receive_window(1 << 20)
+            .max_receive_window(1)
+            .receive_window_budget(7)
+            .keepalive_interval(Some(2 * second))
+            .idle_timeout(Some(Duration::ZERO))
+            .close_timeout(3 * second)
+            .accept_backlog(0)
+            .max_streams(5)
+            .write_buffer_size(0)
+            .write_stall_timeout(Some(4 * second));
+        assert_eq!(config.max_payload_setting(), 1);
+        assert_eq!(config.receive_window_setting(), 1 << 20);
+        assert_eq!(config.max_receive_window_setting(), 1 << 20);
+        assert_eq!(config.receive_window_budget_setting(), 7);
+        assert_eq!(config.keepalive_interval_setting(), Some(2 * second));
+        assert_eq!(config.idle_timeout_setting(), None);
+        assert_eq!(config.close_timeout_setting(), 3 * second);
+        assert_eq!(config.accept_backlog_setting(), 1);
+        assert_eq!(config.max_streams_setting(), 5);
+        assert_eq!(config.write_buffer_size_setting(), 1);
+        assert_eq!(config.write_stall_timeout_setting(), Some(4 * second));
+    }
 
     /// Finding 9: the setters clamp what their docs say they clamp. `max_streams` must stay
     /// below the 2^31 ids of one parity, or the search for a free id could loop for ever.

@@ -78,20 +78,6 @@ pub struct OwnedWriteHalf {
     handle: Handle,
 }
 
-/// The former name of [`OwnedReadHalf`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `OwnedReadHalf`, as tokio names its owned halves"
-)]
-pub type ReadHalf = OwnedReadHalf;
-
-/// The former name of [`OwnedWriteHalf`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `OwnedWriteHalf`, as tokio names its owned halves"
-)]
-pub type WriteHalf = OwnedWriteHalf;
-
 /// How the peer stopped taking data on a stream, from [`Stream::stopped`].
 ///
 /// The protocol has no refusal frame and no error codes: a peer refuses a stream (its accept
@@ -194,7 +180,23 @@ impl Handle {
     }
 
     async fn stopped(&self) -> Result<Stopped, Error> {
-        poll_fn(|cx| self.shared.lock().poll_stopped(self.key, cx.waker())).await
+        /// The future's slot among the stream's `stopped()` waiters, given back when it goes.
+        struct Slot<'a>(&'a Handle, Option<usize>);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                if self.1.is_some() {
+                    let key = self.0.key;
+                    self.0.shared.lock().stop_waiter_gone(key, &mut self.1);
+                }
+            }
+        }
+        let mut slot = Slot(self, None);
+        poll_fn(|cx| {
+            self.shared
+                .lock()
+                .poll_stopped(self.key, cx.waker(), &mut slot.1)
+        })
+        .await
     }
 
     fn peer_stopped(&self) -> Option<Stopped> {
@@ -282,8 +284,8 @@ impl Stream {
     /// closed (reads and writes of a refused stream fail with
     /// [`Error::Refused`](crate::Error::Refused)).
     ///
-    /// Several tasks may wait on it, but only the last one to poll is woken: wait from one
-    /// task (for example in a `select!` beside the copying).
+    /// Any number of tasks may wait on it (sharing the stream through an `Arc`, for
+    /// example), and all are woken. Cancel safe: a dropped future leaves nothing behind.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

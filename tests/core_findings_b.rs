@@ -161,8 +161,8 @@ async fn unread_large_frames_do_not_pin_read_buffers_many_times_their_size() {
 // ---------------------------------------------------------------------------------------------
 // Finding 6: dropping one half of a split stream.
 
-/// Finding 6a. A client splits a stream, writes a request with the `WriteHalf` and drops it
-/// without calling `shutdown()`, keeping the `ReadHalf` for the answer. Like tokio's
+/// Finding 6a. A client splits a stream, writes a request with the `OwnedWriteHalf` and drops it
+/// without calling `shutdown()`, keeping the `OwnedReadHalf` for the answer. Like tokio's
 /// `OwnedWriteHalf`, which shuts the write direction down when dropped, dropping the write half
 /// must tell the peer that no more is coming (CloseRead): the server reads the request, then
 /// end-of-stream. Today the drop only counts a handle down, and the server reads for ever (the
@@ -178,7 +178,7 @@ async fn dropping_the_write_half_ends_the_peers_reading_after_the_data() {
     let mut got = Vec::new();
     within_for(
         NEVER,
-        "the peer reads end-of-stream after the data of a dropped WriteHalf",
+        "the peer reads end-of-stream after the data of a dropped OwnedWriteHalf",
         inbound.read_to_end(&mut got),
     )
     .await
@@ -203,7 +203,7 @@ async fn dropping_the_write_half_ends_the_peers_reading_after_the_data() {
 
 /// Finding 6b, seen on the wire. A raw peer opens a stream and fills its window (64 KiB, what a
 /// Go sender does before it blocks on credit); the application splits the stream and drops the
-/// `ReadHalf`, keeping the `WriteHalf`. Nobody will ever read that stream again, so the session
+/// `OwnedReadHalf`, keeping the `OwnedWriteHalf`. Nobody will ever read that stream again, so the session
 /// must say so, as `close_read` does: CloseWrite (kind 4) reaches the peer, whose writes then
 /// fail instead of waiting for credit that never comes. The write half keeps working: what it
 /// writes afterwards still arrives, and the stream is not closed (no CloseStream). Today the
@@ -253,14 +253,14 @@ async fn dropping_the_read_half_sends_close_write_and_the_write_half_still_works
     );
     assert!(
         seen.iter().any(|(kind, _)| *kind == Kind::CloseWrite),
-        "no CloseWrite for stream 0 within {NEVER:?} of dropping its ReadHalf (frames for it: \
+        "no CloseWrite for stream 0 within {NEVER:?} of dropping its OwnedReadHalf (frames for it: \
          {seen:?}): a peer blocked on credit waits for good"
     );
     drop(writer);
 }
 
 /// Finding 6b, between two sessions of this crate. A client writes more than the 64 KiB window
-/// and blocks on credit; the server's application splits its stream and drops the `ReadHalf`.
+/// and blocks on credit; the server's application splits its stream and drops the `OwnedReadHalf`.
 /// The blocked write must fail with `BrokenPipe` (`Error::PeerReadClosed`), as after
 /// `close_read`, instead of waiting for ever (two virtual minutes here). Today the dropped half
 /// returns no credit and sends nothing, so the writer hangs.
@@ -279,7 +279,7 @@ async fn a_writer_blocked_on_credit_fails_when_the_peer_drops_its_read_half() {
     drop(reader);
     let (_stream, result) = within_for(
         NEVER,
-        "a write blocked on credit ends once the peer dropped its ReadHalf",
+        "a write blocked on credit ends once the peer dropped its OwnedReadHalf",
         writer,
     )
     .await

@@ -27,6 +27,7 @@ use super::core::{Batch, PeerKind, Shared};
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
 use crate::codec::FrameCodec;
+use crate::config::deadline_after;
 use crate::error::{CodecError, Error};
 use crate::frame::Kind;
 
@@ -160,7 +161,7 @@ impl Timer {
         Timer {
             interval,
             last: now,
-            sleep: Box::pin(tokio::time::sleep_until(now + interval)),
+            sleep: Box::pin(tokio::time::sleep_until(deadline_after(now, interval))),
             confirm: None,
         }
     }
@@ -179,7 +180,7 @@ impl Timer {
         if self.sleep.as_mut().poll(cx).is_pending() {
             return false;
         }
-        let deadline = self.last + self.interval;
+        let deadline = deadline_after(self.last, self.interval);
         let now = Instant::now();
         if now >= deadline && self.confirm == Some(false) {
             self.confirm = Some(true);
@@ -192,7 +193,9 @@ impl Timer {
         }
         if now >= deadline {
             self.last = Instant::now();
-            self.sleep.as_mut().reset(self.last + self.interval);
+            self.sleep
+                .as_mut()
+                .reset(deadline_after(self.last, self.interval));
             let _ = self.sleep.as_mut().poll(cx);
             return true;
         }
@@ -603,8 +606,10 @@ where
                 self.control_buf.clear();
                 self.control_done = 0;
                 let mut inner = self.shared.lock();
-                self.batch.control_end = inner.take_control(Instant::now(), &mut self.control_buf);
+                self.batch.control_end =
+                    inner.take_control(Instant::now(), &mut self.control_buf, &mut self.wakers);
                 drop(inner);
+                self.wake_collected();
                 self.control_waiting = false;
                 usize::MAX
             }
@@ -653,7 +658,7 @@ where
             return;
         }
         self.stall_armed = true;
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         match &mut self.stall {
             Some(sleep) => sleep.as_mut().reset(deadline),
             None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),

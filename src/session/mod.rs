@@ -29,7 +29,7 @@ use crate::stream::Stream;
 /// [`Session::new`]. There is no task and no channel per stream.
 ///
 /// When every `Session` handle is dropped, streams opened by the peer are refused, and the
-/// session closes itself gracefully once its last stream is gone (as
+/// session closes itself gracefully once no stream has anything left to do (as
 /// [`graceful_close`](Session::graceful_close) does, without a deadline).
 ///
 /// # Shutting down a server gracefully
@@ -284,8 +284,11 @@ impl Session {
             .map(|result| result.map(|(key, id)| Stream::new(Arc::clone(&self.shared), key, id)))
     }
 
-    /// The streams the peer opens, as a [`futures_core::Stream`]. It ends after the session does: a
-    /// session closed by this side ends it at once; any other end yields that error once first.
+    /// The streams the peer opens, as a [`futures_core::Stream`]. Streams already queued are
+    /// handed out first; then a graceful end ends it with `None`: this side's
+    /// [`close`](Session::close) or [`graceful_close`](Session::graceful_close) (at once, even
+    /// while the session drains), or the peer's CloseMux. Any other end (a protocol error, a
+    /// failed transport, a timeout) yields that error once, then `None`.
     pub fn incoming(&self) -> Incoming {
         Incoming {
             session: self.clone(),
@@ -315,9 +318,14 @@ impl Session {
     /// peer's new streams are refused (CloseStream, as when the accept backlog is full), streams
     /// it opened that were not accepted yet are refused too, `open` and `accept` fail with
     /// [`Error::ClosedLocally`] (and [`incoming`](Session::incoming) ends), while open streams
-    /// go on reading and writing. Once the last of them is gone (closed or dropped by this
-    /// side, its data written), the session closes as [`close`](Session::close) does. If
-    /// streams are still open after `timeout`, it closes anyway, cutting them.
+    /// go on reading and writing. Once none of them has anything left to do and everything
+    /// queued is written, the session closes as [`close`](Session::close) does. A stream is
+    /// done once this side closed it ([`Stream::close`], or dropping it), or both of its
+    /// directions have ended, by either side (`shutdown` here, and the peer's end of its
+    /// data): a handle kept on it, or data received and not read, does not hold the session
+    /// open. If streams still have work after `timeout`, it closes anyway, cutting them.
+    ///
+    /// [`draining`](Session::draining) tells the tasks serving streams that it started.
     ///
     /// What h2's `graceful_shutdown` and quinn's `wait_idle` give, within what the protocol can
     /// say: it has no frame to tell the peer "no new streams", so the peer learns of the
@@ -355,7 +363,7 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::GracefulCloseTimedOut`] when streams were still open at the deadline (the
+    /// [`Error::GracefulCloseTimedOut`] when streams still had work at the deadline (the
     /// session is closed all the same); otherwise as [`close`](Session::close).
     pub async fn graceful_close(&self, timeout: std::time::Duration) -> Result<(), Error> {
         self.shared
@@ -363,7 +371,7 @@ impl Session {
         if tokio::time::timeout(timeout, self.finished()).await.is_ok() {
             return self.shared.lock().outcome();
         }
-        let cut = self.shared.lock().stream_count();
+        let cut = self.shared.lock().unfinished_streams();
         let closed = self.close().await;
         // That streams were cut is what the caller most needs to know; a failure of the
         // close itself stays visible through `close_reason` and the driver's result.
@@ -373,10 +381,12 @@ impl Session {
         closed
     }
 
-    /// Waits until the session has no stream (none open, none waiting to be accepted), or has
-    /// ended. Resolves at once if that is already so; a stream opened afterwards does not
-    /// matter to it. With [`graceful_close`](Session::graceful_close), it tells when the
-    /// draining is done without closing anything itself.
+    /// Waits until no stream has anything left to do (none open, none waiting to be accepted;
+    /// a stream counts as done as [`graceful_close`](Session::graceful_close) says, handles
+    /// kept or not) and everything queued is written, or until the session has ended.
+    /// Resolves at once if that is already so; a stream opened afterwards does not matter to
+    /// it. With [`graceful_close`](Session::graceful_close), it tells when the draining is
+    /// done without closing anything itself.
     pub async fn wait_idle(&self) {
         let mut waiting = Waiting::new(&self.shared, Inner::idle_waiter_gone);
         poll_fn(|cx| {
@@ -387,6 +397,57 @@ impl Session {
             }
         })
         .await
+    }
+
+    /// Waits until the session stops taking new streams: this side started a graceful close
+    /// ([`graceful_close`](Session::graceful_close)), or the session is ending for any reason
+    /// (a [`close`](Session::close) by either side, an error). Resolves at once if that is
+    /// already so. Any number of tasks may wait; cancel safe (a dropped future leaves nothing
+    /// behind). For servers: each task serving a stream (or a connection on one, as in
+    /// `examples/http.rs`) can finish its current work and stop at this signal.
+    ///
+    /// The protocol has no frame for a peer's graceful close, so a peer that drains is seen
+    /// only when it refuses a new stream, or when its CloseMux ends the session.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// use std::time::Duration;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (_client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let watcher = server.clone();
+    /// let serving = tokio::spawn(async move {
+    ///     // A server's loop: serve until the session drains, then wind down.
+    ///     watcher.draining().await;
+    ///     assert!(watcher.is_draining());
+    /// });
+    /// assert!(!server.is_draining());
+    /// server.graceful_close(Duration::from_secs(5)).await?;
+    /// # serving.await.unwrap();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn draining(&self) {
+        let mut waiting = Waiting::new(&self.shared, Inner::drain_waiter_gone);
+        poll_fn(|cx| {
+            if self
+                .shared
+                .lock()
+                .poll_draining(cx.waker(), &mut waiting.slot)
+            {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Whether the session stops taking new streams: [`draining`](Session::draining) has
+    /// resolved, or would at once.
+    pub fn is_draining(&self) -> bool {
+        self.shared.lock().is_draining()
     }
 
     /// Waits until the session has ended and its transport is closed, and returns why it ended
@@ -433,7 +494,10 @@ impl Session {
         self.shared.lock().role
     }
 
-    /// Streams with live state: open, or closed by one side while a handle remains.
+    /// Streams with live state: open, or closed by one side while a handle remains. This
+    /// counts the streams that have state, handles included: a finished stream whose handle is
+    /// kept counts here, though it no longer holds a [`graceful_close`](Session::graceful_close)
+    /// or [`wait_idle`](Session::wait_idle).
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
     }

@@ -95,6 +95,10 @@ pub(crate) struct Inner {
     pub(crate) role: Role,
     pub(crate) config: Config,
     streams: Slab<StreamState>,
+    /// Streams not finished yet (see `StreamState::finished`): what a drain and `wait_idle`
+    /// wait for, with the queues written out. A handle kept on a finished stream does not
+    /// count: it can only read what is buffered.
+    unfinished: usize,
     /// Wire id → slab key, for every stream that has state. The key is kept in 32 bits, which
     /// makes an entry half as large (the map is a good part of what an idle stream costs): each
     /// stream with state has its own 32-bit id, so the slab never holds more than 2^32 of them.
@@ -103,9 +107,11 @@ pub(crate) struct Inner {
     /// Inbound streams waiting for `accept`, and the tasks waiting there.
     accept_queue: VecDeque<usize>,
     accept_waiters: WaitList,
-    /// The task waiting in `stopped()` on a stream, by stream key: few streams have one, so
-    /// it is kept here rather than in every stream's state.
-    stop_waiters: IdMap<usize, Option<Waker>>,
+    /// The tasks waiting in `stopped()` on a stream, by stream key, each in a slot of its own
+    /// (any number of tasks may wait, and all are woken): few streams have one, so the list
+    /// is kept here rather than in every stream's state. A list goes when its last future
+    /// does.
+    stop_waiters: IdMap<usize, WaitList>,
     out: Outgoing,
     life: Lifecycle,
     /// What the peer is, its unacknowledged streams, and the opens waiting for them.
@@ -137,6 +143,7 @@ impl Inner {
             id: next_session_id(),
             role,
             streams: Slab::new(),
+            unfinished: 0,
             ids: IdMap::default(),
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
@@ -187,6 +194,29 @@ impl Inner {
         self.streams.len()
     }
 
+    /// Streams with something left to do (see `StreamState::finished`).
+    pub(crate) fn unfinished_streams(&self) -> usize {
+        self.unfinished
+    }
+
+    /// Counts the stream out of the unfinished ones once it is finished. Called after every
+    /// change of a stream's directions; a stream never becomes unfinished again.
+    fn note_finished(&mut self, key: usize) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        if !stream.queued.has(stream_state::Queued::FINISHED) && stream.finished() {
+            stream.queued.set(stream_state::Queued::FINISHED, true);
+            self.unfinished = self.unfinished.saturating_sub(1);
+        }
+    }
+
+    /// Whether no stream has anything left to do and everything queued is written: what a
+    /// drain and `wait_idle` wait for.
+    fn idle(&self) -> bool {
+        self.unfinished == 0 && self.out.all_written()
+    }
+
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> Stats {
         Stats {
@@ -229,7 +259,7 @@ impl Inner {
         self.out.has_output() && !self.driver_writing
             || self.room_to_hand_out()
             || self.life.ended()
-            || self.life.draining() && (self.streams.len() == 0 || !self.accept_queue.is_empty())
+            || self.life.draining() && (self.idle() || !self.accept_queue.is_empty())
     }
 }
 

@@ -24,8 +24,14 @@
 //!   waker each time: `tests/core_findings_a.rs`, `*_do_not_pile_up_its_waker`, `*_leave_no_registrations_behind`.)
 //! - Progress is reported after every transport write, not only once the queue is empty, so a
 //!   `Stream::close` beside a busy stream returns as soon as its own bytes are written.
+//! - A task waiting for its bytes to be written waits for its own last frame's position, and
+//!   every control-queue position handed out is reported once passed, even by a batch whose
+//!   entries were all stale credit and wrote nothing. (Waiting for the control queue's end, a
+//!   `close` whose frames were written waited for its close timeout when that end was a stale
+//!   credit entry: `tests/close_core.rs`, `close_returns_once_its_frames_are_written_*`.)
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::task::Waker;
 
 use tokio::time::Instant;
@@ -56,13 +62,10 @@ enum RoomWaiter {
     Open { slot: usize },
 }
 
-/// A task waiting until the driver has written everything queued when it started waiting.
-struct FlushWaiter {
-    data: u64,
-    control: u64,
-    key: usize,
-    id: u32,
-}
+/// A task waiting until the driver has written its stream's last frame: the frame's position
+/// in its queue, then the stream. Kept in a min-heap per queue, so that the driver wakes each
+/// waiter as soon as its own position is passed, whatever the order they came in.
+type FlushWaiter = Reverse<(u64, usize, u32)>;
 
 /// An `open` future waiting for room.
 struct Opener {
@@ -102,7 +105,9 @@ pub(super) struct Outgoing {
     /// unclaimed (the woken tasks may have been cancelled).
     grant_epoch: u8,
     openers: Slab<Opener>,
-    flush: VecDeque<FlushWaiter>,
+    /// Tasks waiting for their stream's mark in the data queue, and in the control queue.
+    flush_data: BinaryHeap<FlushWaiter>,
+    flush_control: BinaryHeap<FlushWaiter>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
 }
@@ -123,7 +128,8 @@ impl Outgoing {
             reserved: 0,
             grant_epoch: 0,
             openers: Slab::new(),
-            flush: VecDeque::new(),
+            flush_data: BinaryHeap::new(),
+            flush_control: BinaryHeap::new(),
             bytes_written: 0,
         }
     }
@@ -134,6 +140,11 @@ impl Outgoing {
 
     pub(super) fn bytes_written(&self) -> u64 {
         self.bytes_written
+    }
+
+    /// Whether everything queued in both queues is written.
+    pub(super) fn all_written(&self) -> bool {
+        self.data_written >= self.data_end && self.control_written >= self.control_pushed
     }
 
     /// Whether a stream's bytes up to `mark` are written (see `StreamState::mark`).
@@ -332,7 +343,7 @@ impl Inner {
         boundaries: &mut VecDeque<u64>,
         wakers: &mut Vec<Waker>,
     ) -> Batch {
-        let control_end = self.take_control(now, control_buf);
+        let control_end = self.take_control(now, control_buf, wakers);
         let data_start = self.out.data_end - self.out.data.len() as u64;
         std::mem::swap(&mut self.out.data, data_buf);
         std::mem::swap(&mut self.out.boundaries, boundaries);
@@ -350,8 +361,18 @@ impl Inner {
 
     /// Resolves every control frame queued into bytes in `control_buf`; returns the
     /// control-queue position after them. The driver takes them with each batch, and between
-    /// two frames of a batch when they arrive while it is written.
-    pub(crate) fn take_control(&mut self, now: Instant, control_buf: &mut Vec<u8>) -> u64 {
+    /// two frames of a batch when they arrive while it is written, in both cases once the
+    /// control frames taken before are written.
+    ///
+    /// When nothing is left to write (every entry was stale credit), that position is passed
+    /// already and is reported here: no transport write will report it.
+    pub(crate) fn take_control(
+        &mut self,
+        now: Instant,
+        control_buf: &mut Vec<u8>,
+        wakers: &mut Vec<Waker>,
+    ) -> u64 {
+        let before = control_buf.len();
         let micros = self.micros(now);
         let entries = self.out.control.len();
         for _ in 0..entries {
@@ -369,7 +390,12 @@ impl Inner {
             self.stats.frames_sent += 1;
         }
         // Entries queued by `take_credit` (credit beyond one frame's 24 bits) go next time.
-        self.out.control_pushed - self.out.control.len() as u64
+        let end = self.out.control_pushed - self.out.control.len() as u64;
+        if control_buf.len() == before {
+            let data = self.out.data_written;
+            self.written(data, end, 0, wakers);
+        }
+        end
     }
 
     /// The WindowUpdate a credit entry stands for, if the stream still wants one.
@@ -406,15 +432,21 @@ impl Inner {
         out.data_written = out.data_written.max(data);
         out.control_written = out.control_written.max(control);
         out.bytes_written += bytes;
-        while let Some(front) = out.flush.front() {
-            if out.data_written < front.data || out.control_written < front.control {
-                break;
-            }
-            let (key, id) = (front.key, front.id);
-            out.flush.pop_front();
-            if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
-                stream.queued.set(Queued::FLUSH, false);
-                stream.wake_writer(WriteWait::Written, wakers);
+        for in_control in [false, true] {
+            let (heap, written) = if in_control {
+                (&mut out.flush_control, out.control_written)
+            } else {
+                (&mut out.flush_data, out.data_written)
+            };
+            while let Some(&Reverse((mark, key, id))) = heap.peek() {
+                if mark > written {
+                    break;
+                }
+                heap.pop();
+                if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
+                    stream.queued.set(Queued::FLUSH, false);
+                    stream.wake_writer(WriteWait::Written, wakers);
+                }
             }
         }
     }
@@ -565,30 +597,34 @@ impl Inner {
         stream.wait_to_write(WriteWait::Written, waker);
         if !stream.queued.has(Queued::FLUSH) {
             stream.queued.set(Queued::FLUSH, true);
-            // The queues' ends now, not the stream's own marks: these only grow, so the
-            // driver wakes waiters from the front.
-            self.out.flush.push_back(FlushWaiter {
-                data: self.out.data_end,
-                control: self.out.control_pushed,
-                key,
-                id: stream.id,
-            });
+            // Its own frame's position, not the queue's end: an end that no write reports
+            // (stale credit entries write nothing) left a `close` waiting for its timeout.
+            let waiter = Reverse((stream.mark, key, stream.id));
+            if stream.mark_in_control() {
+                self.out.flush_control.push(waiter);
+            } else {
+                self.out.flush_data.push(waiter);
+            }
             self.prune_flush();
         }
         false
     }
 
-    /// Drops entries of streams that are gone from the flush queue, as `prune_room` does.
+    /// Drops entries of streams that are gone from the flush queues, as `prune_room` does.
     fn prune_flush(&mut self) {
-        if self.out.flush.len() <= 2 * self.streams.len() + 64 {
+        let out = &mut self.out;
+        if out.flush_data.len() + out.flush_control.len() <= 2 * self.streams.len() + 64 {
             return;
         }
         let streams = &self.streams;
-        self.out.flush.retain(|w| {
+        let live = |w: &FlushWaiter| {
+            let Reverse((_, key, id)) = *w;
             streams
-                .get(w.key)
-                .is_some_and(|s| s.id == w.id && s.queued.has(Queued::FLUSH))
-        });
+                .get(key)
+                .is_some_and(|s| s.id == id && s.queued.has(Queued::FLUSH))
+        };
+        out.flush_data.retain(live);
+        out.flush_control.retain(live);
     }
 
     /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport
@@ -601,7 +637,8 @@ impl Inner {
         }
         self.wake_openers(wakers);
         self.out.room.clear();
-        self.out.flush.clear();
+        self.out.flush_data.clear();
+        self.out.flush_control.clear();
     }
 
     /// Every `open` waiting for room, to see a change that fails it.
@@ -615,7 +652,10 @@ impl Inner {
     /// Entries in the wait queues, for tests.
     #[cfg(test)]
     pub(super) fn waiting_entries(&self) -> (usize, usize) {
-        (self.out.room.len(), self.out.flush.len())
+        (
+            self.out.room.len(),
+            self.out.flush_data.len() + self.out.flush_control.len(),
+        )
     }
 
     /// Bytes in the data queue, for tests.

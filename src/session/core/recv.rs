@@ -9,8 +9,7 @@ use tokio::time::Instant;
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
 use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
-use super::Inner;
-use super::PeerKind;
+use super::{Inner, PeerKind, WaitList};
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
 #[cfg(test)]
@@ -243,16 +242,20 @@ impl Inner {
         let first = stream.peer == PeerSaid::Nothing;
         apply(stream);
         stream.wake_all(wakers);
-        let stopped = stream.peer.stopped().is_some();
         if first {
             self.acknowledged(wakers);
         }
+        self.note_finished(key);
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
-        if stopped && stream.queued.has(Queued::STOP) {
-            stream.queued.set(Queued::STOP, false);
-            wakers.extend(self.stop_waiters.remove(&key).flatten());
+        if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
+            // Every waiter, not only the last to poll: the futures give their slots back
+            // when they go. (One waker per stream once left all but one task waiting:
+            // `tests/close_core.rs`, `stopped_wakes_every_task_waiting_on_it`.)
+            if let Some(list) = self.stop_waiters.get_mut(&key) {
+                list.wake_all(wakers);
+            }
         }
     }
 
@@ -262,6 +265,7 @@ impl Inner {
     pub(super) fn insert_stream(&mut self, id: u32) -> usize {
         let stream = StreamState::new(id, self.config.receive_window);
         let key = self.streams.insert(stream);
+        self.unfinished += 1;
         // Every stream with state has its own 32-bit id, so the slab's keys fit in 32 bits.
         self.ids.insert(id, key as u32);
         key
@@ -429,6 +433,7 @@ impl Inner {
         &mut self,
         key: usize,
         waker: &Waker,
+        slot: &mut Option<usize>,
     ) -> Poll<Result<Stopped, Error>> {
         let ended = self.life.end_reason().cloned();
         let Some(stream) = self.streams.get_mut(key) else {
@@ -441,8 +446,27 @@ impl Inner {
             return Poll::Ready(Err(error));
         }
         stream.queued.set(Queued::STOP, true);
-        super::stream_state::register(self.stop_waiters.entry(key).or_default(), waker);
+        self.stop_waiters
+            .entry(key)
+            .or_insert_with(WaitList::new)
+            .register(slot, waker);
         Poll::Pending
+    }
+
+    /// A `stopped()` future on the stream is gone: its slot is given back, and the stream's
+    /// list once it is empty.
+    pub(crate) fn stop_waiter_gone(&mut self, key: usize, slot: &mut Option<usize>) {
+        let Some(list) = self.stop_waiters.get_mut(&key) else {
+            *slot = None;
+            return;
+        };
+        list.remove(slot);
+        if list.is_empty() {
+            self.stop_waiters.remove(&key);
+            if let Some(stream) = self.streams.get_mut(key) {
+                stream.queued.set(Queued::STOP, false);
+            }
+        }
     }
 
     /// How the peer stopped taking data on the stream, if it has.

@@ -222,6 +222,7 @@ impl Inner {
         if stream.may_send_frames() && !ended {
             self.queue_close(key, Kind::CloseRead);
         }
+        self.note_finished(key);
     }
 
     /// Close of the read side: CloseWrite on the wire; buffered and arriving data is discarded.
@@ -241,6 +242,7 @@ impl Inner {
         if send {
             self.queue_close(key, Kind::CloseWrite);
         }
+        self.note_finished(key);
     }
 
     /// Full close: CloseStream on the wire, after the data written.
@@ -261,6 +263,7 @@ impl Inner {
         if send {
             self.queue_close(key, Kind::CloseStream);
         }
+        self.note_finished(key);
     }
 
     /// A handle goes away: a reading one (`reader`), a writing one (`writer`), or a `Stream`
@@ -314,7 +317,7 @@ impl Inner {
             self.peer.unacked -= 1;
         }
         if stream.queued.has(Queued::STOP) {
-            // A `stopped()` future that was dropped before the peer stopped left its waker.
+            // No `stopped()` future outlives the handles; this only keeps the map exact.
             self.stop_waiters.remove(&key);
         }
         let grown = stream
@@ -325,6 +328,13 @@ impl Inner {
         let _unread = self.stop_reading(key);
         if send_close {
             self.queue_close(key, Kind::CloseStream);
+        }
+        if self
+            .streams
+            .get(key)
+            .is_some_and(|s| !s.queued.has(Queued::FINISHED))
+        {
+            self.unfinished = self.unfinished.saturating_sub(1);
         }
         self.streams.remove(key);
         self.ids.remove(&id);

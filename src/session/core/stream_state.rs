@@ -155,6 +155,13 @@ impl StreamState {
         self.closed == Closed::No
     }
 
+    /// Whether nothing is left to happen on the stream but writing out what it queued: this
+    /// side closed it, or both directions have ended (by either side). Data received and not
+    /// read does not count: it is read from the buffer, with no frame on the wire.
+    pub(super) fn finished(&self) -> bool {
+        self.closed == Closed::ByUs || self.send != SendState::Open && self.recv != RecvState::Open
+    }
+
     /// Whether the peer may still send data (so returning credit is worth a frame).
     pub(super) fn peer_may_send(&self) -> bool {
         self.recv == RecvState::Open && self.closed == Closed::No
@@ -257,6 +264,9 @@ impl Queued {
     /// Not a queue of waiters: the stream's `mark` is a position in the control queue rather
     /// than in the data queue.
     pub(super) const MARK_IN_CONTROL: u8 = 1 << 4;
+    /// Not a queue either: the stream is finished (see `StreamState::finished`) and counted out
+    /// of `Inner::unfinished`.
+    pub(super) const FINISHED: u8 = 1 << 5;
 
     pub(super) fn has(self, queue: u8) -> bool {
         self.0 & queue != 0

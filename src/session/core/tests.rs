@@ -30,7 +30,7 @@ impl Core {
         let mut inner = Inner::new(role, config, now);
         // Every session greets first; the tests look at what follows.
         let mut greeting = Vec::new();
-        inner.take_control(now, &mut greeting);
+        inner.take_control(now, &mut greeting, &mut Vec::new());
         let header = Header::from_bytes(greeting[..].try_into().expect("one frame"));
         assert_eq!(
             header.map(|h| (h.id, h.kind)),
@@ -608,7 +608,8 @@ fn nothing_overtakes_an_unwritten_open() {
     core.inner.close_read(key);
     core.inner.shutdown(key);
     let (mut control, mut later) = (Vec::new(), OutQueue::new());
-    core.inner.take_control(core.now, &mut control);
+    core.inner
+        .take_control(core.now, &mut control, &mut Vec::new());
     assert!(
         control.is_empty(),
         "no close goes ahead of the unwritten open"
