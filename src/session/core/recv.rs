@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
-use super::stream_state::{Queued, RecvState, StreamState, WriteWait};
+use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
 use super::Inner;
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
@@ -179,7 +179,7 @@ impl Inner {
             trace,
             session = self.id,
             stream = id,
-            "inbound stream queued"
+            "peer opened a stream"
         );
         // The accept queue holds the stream's handles until `accept` hands them out.
         let key = self.insert_stream(id);
@@ -198,7 +198,10 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
+        let refused = stream.peer == PeerSaid::Nothing && !self.role.is_peer_id(id);
         apply(stream);
+        let refused = refused && stream.peer.stopped() == Some(Stopped::Refused);
+        self.stats.refused_by_peer += u64::from(refused);
         stream.wake_all(wakers);
         if stream.peer.stopped().is_some() && stream.queued.has(Queued::STOP) {
             stream.queued.set(Queued::STOP, false);
