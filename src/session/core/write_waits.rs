@@ -1,10 +1,10 @@
 //! How long writes wait for the peer's credit and for room in the data queue, for
 //! `Session::stats`.
 //!
-//! A stream's state has no room for a timestamp (an idle stream end is held under 256 bytes,
-//! `core::tests::stream_state_stays_small`), so the streams whose writer is waiting are kept
-//! here, as `Inner::stop_waiters` keeps the few that wait in `stopped()`: an entry while a
-//! write waits, none otherwise. A write polled while no writer waits costs one test of an
+//! A stream's state has no room for a timestamp (every stream pays for it, and it is held at
+//! 168 bytes: `core::tests::stream_state_stays_small`), so the streams whose writer is waiting
+//! are kept here, as `Inner::stop_waiters` keeps the few that wait in `stopped()`: an entry
+//! while a write waits, none otherwise. A write polled while no writer waits costs one test of an
 //! empty map; the clock is read only when a write starts waiting and when a write that waited
 //! is polled again. The map keeps its capacity, so waiting allocates only when more writers
 //! wait at once than ever before: at most one entry per stream.
