@@ -56,7 +56,8 @@ pub enum ProtocolError {
         id: u32,
     },
     /// OpenStream for an id of this side's parity (a server receiving an odd id, a client an
-    /// even one).
+    /// even one). Almost always both ends were given the same [`Role`](crate::Role): gomux
+    /// has no handshake to catch that, so the first stream the peer opens is where it shows.
     WrongParity {
         /// The offending id.
         id: u32,
@@ -93,9 +94,11 @@ impl fmt::Display for ProtocolError {
             ProtocolError::DuplicateStream { id } => {
                 write!(f, "peer opened stream {id}, which is already live")
             }
-            ProtocolError::WrongParity { id } => {
-                write!(f, "peer opened stream {id}, an id reserved for this side")
-            }
+            ProtocolError::WrongParity { id } => write!(
+                f,
+                "peer opened stream {id}, an id reserved for this side \
+                 (do both ends have the same role? one must be the client, the other the server)"
+            ),
             ProtocolError::DataAfterClose { id } => {
                 write!(f, "data on stream {id} after the peer closed it")
             }
@@ -187,12 +190,15 @@ impl fmt::Display for InvalidFrame {
 
 impl error::Error for InvalidFrame {}
 
+/// The message names the cause (the protocol violation, the refused frame, the I/O error), so
+/// `source` skips it and goes on from the cause's own source: an error-chain printer says each
+/// thing once.
 impl error::Error for CodecError {
     fn source(&self) -> Option<&(dyn error::Error + 'static)> {
         match self {
-            CodecError::Protocol(e) => Some(e),
-            CodecError::InvalidFrame(e) => Some(e),
-            CodecError::Io(e) => Some(e),
+            CodecError::Protocol(e) => e.source(),
+            CodecError::InvalidFrame(e) => e.source(),
+            CodecError::Io(e) => e.source(),
         }
     }
 }
@@ -213,6 +219,36 @@ impl From<ProtocolError> for CodecError {
 ///
 /// Cheap to clone. Converts into [`io::Error`] (see the variants for the
 /// [`io::ErrorKind`] each becomes).
+///
+/// Its message names the cause where there is one (the protocol violation, the transport's
+/// I/O error), because a stream's error is mostly printed through the `io::Error` it becomes,
+/// whose message is this one. So [`source`](std::error::Error::source) does not return that
+/// cause again: it goes on from the cause's own source, and an error-chain printer says each
+/// thing once. To inspect the cause, match the variant.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::error::Error as _;
+///
+/// // Two ends that both think they are the client: the first open breaks the protocol.
+/// let (a, b) = tokio::io::duplex(64 * 1024);
+/// let (one, other) = (gomux::Session::client(a), gomux::Session::client(b));
+/// let _stream = one.open().await.expect("queued");
+/// let error = other.closed().await;
+/// match &error {
+///     gomux::Error::Protocol(gomux::ProtocolError::WrongParity { id }) => assert_eq!(*id, 0),
+///     other => panic!("unexpected {other}"),
+/// }
+/// // The message says what went wrong and what to check, once.
+/// assert!(error.to_string().contains("same role"), "{error}");
+/// assert!(error.source().is_none());
+/// // Through a stream it is an `io::Error` of kind `InvalidData`, with the same message.
+/// let io = std::io::Error::from(error.clone());
+/// assert_eq!(io.kind(), std::io::ErrorKind::InvalidData);
+/// assert_eq!(io.to_string(), error.to_string());
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
@@ -258,6 +294,14 @@ pub enum Error {
         /// Streams still open at the deadline.
         streams: usize,
     },
+    /// A [`Pool`](crate::Pool) had no live session within its open timeout. Only this open
+    /// failed: the pool goes on connecting. (The kind of the latest failure, `TimedOut` when
+    /// there was none.)
+    PoolUnavailable {
+        /// The latest real failure: why the latest connect failed or the latest session
+        /// ended, if any did.
+        last: Option<Box<Error>>,
+    },
 }
 
 impl Error {
@@ -295,7 +339,22 @@ impl Error {
     pub fn is_session_end(&self) -> bool {
         !matches!(
             self,
-            Error::TooManyStreams | Error::WriteClosed | Error::PeerReadClosed | Error::Refused
+            Error::TooManyStreams
+                | Error::WriteClosed
+                | Error::PeerReadClosed
+                | Error::Refused
+                | Error::PoolUnavailable { .. }
+        )
+    }
+
+    /// Whether a session that ends with this error ended on a fault (the peer broke the
+    /// protocol, the transport failed or was cut mid-frame), rather than by a close or a
+    /// timeout: what logs report as a warning.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    pub(crate) fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Error::Protocol(_) | Error::Transport(_) | Error::UnexpectedEof
         )
     }
 
@@ -315,6 +374,9 @@ impl Error {
             Error::Transport(e) => e.kind(),
             Error::TooManyStreams => io::ErrorKind::Other,
             Error::WriteClosed | Error::PeerReadClosed => io::ErrorKind::BrokenPipe,
+            Error::PoolUnavailable { last } => last
+                .as_ref()
+                .map_or(io::ErrorKind::TimedOut, |last| last.io_kind()),
         }
     }
 }
@@ -345,15 +407,24 @@ impl fmt::Display for Error {
                 f,
                 "{streams} streams still open at the graceful close's deadline were cut"
             ),
+            Error::PoolUnavailable { last: Some(last) } => write!(
+                f,
+                "no pooled session available within the open timeout; latest failure: {last}"
+            ),
+            Error::PoolUnavailable { last: None } => {
+                f.write_str("no pooled session available within the open timeout")
+            }
         }
     }
 }
 
+/// See [`Error`] for why `source` skips the cause its message names.
 impl error::Error for Error {
     fn source(&self) -> Option<&(dyn error::Error + 'static)> {
         match self {
-            Error::Protocol(e) => Some(e),
-            Error::Transport(e) => Some(&**e),
+            Error::Protocol(e) => e.source(),
+            Error::Transport(e) => e.source(),
+            Error::PoolUnavailable { last: Some(last) } => last.source(),
             _ => None,
         }
     }
@@ -397,6 +468,71 @@ mod tests {
             io::Error::from(Error::WriteClosed).kind(),
             io::ErrorKind::BrokenPipe
         );
+    }
+
+    /// An error with a source of its own, under the transport's `io::Error`.
+    #[derive(Debug)]
+    struct Tls(io::Error);
+
+    impl fmt::Display for Tls {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("tls alert")
+        }
+    }
+
+    impl error::Error for Tls {
+        fn source(&self) -> Option<&(dyn error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// The messages of `error` and of its sources, as an error-chain printer shows them.
+    fn chain(error: &dyn error::Error) -> Vec<String> {
+        let mut messages = vec![error.to_string()];
+        let mut source = error.source();
+        while let Some(next) = source {
+            messages.push(next.to_string());
+            source = next.source();
+        }
+        messages
+    }
+
+    #[test]
+    fn an_error_chain_says_each_thing_once() {
+        let transport = || {
+            let root = io::Error::other("certificate expired");
+            Error::from(io::Error::new(io::ErrorKind::ConnectionReset, Tls(root)))
+        };
+        let pool = Error::PoolUnavailable {
+            last: Some(Box::new(transport())),
+        };
+        for error in [transport(), pool] {
+            let messages = chain(&error);
+            let text = messages.join(": ");
+            for said in ["tls alert", "certificate expired"] {
+                assert_eq!(text.matches(said).count(), 1, "{messages:?}");
+            }
+            // Through the `io::Error` a stream returns, the same.
+            let text = chain(&io::Error::from(error.clone())).join(": ");
+            assert_eq!(text.matches("tls alert").count(), 1, "{text}");
+        }
+        let protocol = Error::Protocol(ProtocolError::WrongParity { id: 1 });
+        assert_eq!(chain(&protocol).len(), 1, "{:?}", chain(&protocol));
+        let codec = CodecError::Io(io::Error::other("reset"));
+        assert_eq!(chain(&codec), ["i/o error: reset"]);
+    }
+
+    #[test]
+    fn a_pool_without_a_session_reports_its_latest_failure() {
+        let refused = Error::from(io::Error::from(io::ErrorKind::ConnectionRefused));
+        let error = Error::PoolUnavailable {
+            last: Some(Box::new(refused)),
+        };
+        assert_eq!(error.io_kind(), io::ErrorKind::ConnectionRefused);
+        assert!(!error.is_session_end() && !error.is_graceful());
+        assert!(error.to_string().contains("refused"), "{error}");
+        let error = Error::PoolUnavailable { last: None };
+        assert_eq!(error.io_kind(), io::ErrorKind::TimedOut);
     }
 
     #[test]

@@ -63,8 +63,9 @@
 //! client that carries many streams to one server can spread them over K connections with a
 //! [`Pool`]: it makes K client sessions through a connect function of yours (TCP, TLS, ...),
 //! opens each stream on the session with the fewest, replaces a session that ends, and backs
-//! off from a server that cannot be reached (`open` then fails rather than waits). The server
-//! needs nothing special: it accepts K connections and serves each as usual.
+//! off from a server that cannot be reached (`open` waits for a session, across a server's
+//! restart, up to its open timeout). The server needs nothing special: it accepts K
+//! connections and serves each as usual.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -244,6 +245,53 @@
 //! (see the next section).
 //!
 //! # Talking to Go gomux
+//!
+//! Before connecting to a Go peer:
+//!
+//! - Give the two ends different roles: a Go `gomux.Client` talks to a [`Role::Server`]
+//!   session, a Go `gomux.Server` to a [`Role::Client`] one (see "Roles" below).
+//! - Use [`Config::go_peer`]: windows kept at the 64 KiB a Go peer grants, which makes its
+//!   faults below rarer.
+//! - Leave [`Config::idle_timeout`] off or above 600 s: a healthy Go peer is silent for 10
+//!   minutes at a time.
+//! - Let this side end the session, once every stream is finished (each side has read the
+//!   other's to end-of-stream), and have the Go side accept streams promptly.
+//! - Run it over TLS, or another secure transport, if it crosses a network you do not trust:
+//!   the protocol has no encryption of its own.
+//!
+//! A Go client and this crate's server, one stream each way:
+//!
+//! ```text
+//! // Go: dial, then open streams as a gomux client (even ids).
+//! conn, err := net.Dial("tcp", "127.0.0.1:7000")
+//! if err != nil { return err }
+//! mux, _ := gomux.Client(conn)
+//! stream, err := mux.OpenStream()
+//! if err != nil { return err }
+//! stream.Write([]byte("hello"))
+//! stream.CloseWrite()              // kind 3: our end-of-stream
+//! reply, _ := io.ReadAll(stream)   // the server's answer, to its end-of-stream
+//! stream.Close()
+//! ```
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! // Rust: accept the connection, then serve its streams as the server (odd ids).
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7000").await?;
+//! let (socket, _) = listener.accept().await?;
+//! socket.set_nodelay(true)?;
+//! let session = gomux::Session::with_config(socket, gomux::Role::Server, gomux::Config::go_peer());
+//! while let Ok(mut stream) = session.accept().await {
+//!     let mut request = Vec::new();
+//!     stream.read_to_end(&mut request).await?; // until the Go side's CloseWrite
+//!     stream.write_all(b"hi from Rust").await?;
+//!     stream.shutdown().await?; // the Go side's ReadAll returns
+//! }
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! The wire format is that of github.com/Acebond/gomux at its unencrypted revision (March 2023,
 //! 8-byte header); the tests check it against frames and sessions recorded from that code

@@ -20,13 +20,13 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::config::{Config, Role};
 use crate::error::Error;
@@ -42,6 +42,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Default time a connect may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What stands for "never" when a wait or a backoff is too long for an [`Instant`] (as tokio's
+/// own `Interval` does): about 30 years.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Up to K client sessions to one server, over which streams are opened fewest-first.
 ///
@@ -59,19 +63,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// pool connects again; opens go to the live sessions meanwhile, and wait for the connect only
 /// when none is live.
 ///
+/// # Waiting for a session
+///
+/// When no session is live, [`open`](Pool::open) waits for one, as tonic's `Channel` and
+/// bb8's `get` wait for a connection: across a server's restart, opens made while it is down
+/// succeed as soon as a connect does. It waits at most the open timeout (the connect timeout,
+/// 10 s, unless [`PoolBuilder::open_timeout`] sets another), and then fails with
+/// [`Error::PoolUnavailable`], which carries the latest real failure (a connect's I/O error,
+/// or why the last session ended). While it waits, the slots are connected again as their
+/// backoff allows; the opens waiting share those connects.
+///
 /// # Failures and backoff
 ///
 /// A slot fails when its connect fails or takes longer than the connect timeout (10 s by
 /// default), or when its session ends, or refuses opens, less than the longest backoff (5 s)
-/// after it was made. After a first failure in a row the slot may connect again at the next
-/// `open`; after the second it waits the initial backoff (100 ms), and twice as long after each
+/// after it was made. After a first failure in a row the slot may connect again at once;
+/// after the second it waits the initial backoff (100 ms), and twice as long after each
 /// further failure, up to the longest. A session that lived at least the longest backoff
 /// resets the count. So a server that is down, or that accepts and drops connections, sees at
 /// most one connect per slot per backoff period, however many `open` calls there are.
 ///
-/// When no session is live, no connect is under way and every slot waits out its backoff,
-/// `open` fails at once with the latest failure's error (a connect's I/O error as
-/// [`Error::Transport`]); it never waits longer than a connect may take.
+/// A session the server closed cleanly (CloseMux, [`Error::ClosedByPeer`]: a graceful
+/// restart or a server draining its connections) is not a failure once it lived the initial
+/// backoff: the count starts afresh and the slot connects again at once, so a clean restart
+/// does not grow the backoff. One closed sooner counts as a failure, so a server that accepts
+/// and closes every connection at once is not connected in a loop.
 ///
 /// # Streams the server opens
 ///
@@ -137,8 +153,40 @@ pub struct Pool {
     shared: Arc<Shared>,
 }
 
-/// How a [`Pool`] is made: its size, the sessions' configuration, its backoff and connect
-/// timeout. From [`Pool::builder`].
+/// How a [`Pool`] is made: its size, the sessions' configuration, its backoff, connect
+/// timeout and open timeout. From [`Pool::builder`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), gomux::Error> {
+/// use std::time::Duration;
+/// use tokio::net::TcpStream;
+///
+/// # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// # let addr = listener.local_addr()?;
+/// # tokio::spawn(async move {
+/// #     while let Ok((socket, _)) = listener.accept().await {
+/// #         let session = gomux::Session::server(socket);
+/// #         tokio::spawn(async move { while session.accept().await.is_ok() {} });
+/// #     }
+/// # });
+/// let pool = gomux::Pool::builder(8)
+///     .config(gomux::Config::default().max_streams(10_000))
+///     // A failing server is retried after 50 ms, then 100, 200, ... up to every 2 s.
+///     .backoff(Duration::from_millis(50), Duration::from_secs(2))
+///     .connect_timeout(Duration::from_secs(3))
+///     // Across a server's restart, an open waits up to 30 s for a session.
+///     .open_timeout(Duration::from_secs(30))
+///     .build(move || async move {
+///         let socket = TcpStream::connect(addr).await?;
+///         socket.set_nodelay(true)?;
+///         Ok(socket)
+///     });
+/// let stream = pool.open().await?;
+/// # drop(stream);
+/// # pool.close().await
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct PoolBuilder {
@@ -146,6 +194,8 @@ pub struct PoolBuilder {
     config: Config,
     backoff: Backoff,
     connect_timeout: Duration,
+    /// `None`: the connect timeout.
+    open_timeout: Option<Duration>,
 }
 
 /// A live session of a [`Pool`], with its place in it.
@@ -185,20 +235,21 @@ impl Pool {
                 max: BACKOFF_MAX,
             },
             connect_timeout: CONNECT_TIMEOUT,
+            open_timeout: None,
         }
     }
 
-    /// Opens a stream on the live session with the fewest streams, connecting one first if
-    /// none is live (see [`Pool`]).
+    /// Opens a stream on the live session with the fewest streams, waiting for one to be
+    /// connected if none is live (see [`Pool`], "Waiting for a session").
     ///
     /// Cancel safe: a dropped `open` future has opened nothing (a connect it started goes on
     /// and fills its slot).
     ///
     /// # Errors
     ///
-    /// [`Error::ClosedLocally`] once the pool is closed; the latest failure's error when no
-    /// session can be had (see "Failures and backoff"); [`Error::TooManyStreams`] from the
-    /// session chosen.
+    /// [`Error::ClosedLocally`] once the pool is closed; [`Error::PoolUnavailable`] when no
+    /// session was live within the open timeout; [`Error::TooManyStreams`] from the session
+    /// chosen.
     pub async fn open(&self) -> Result<Stream, Error> {
         self.open_with_session().await.map(|(stream, _)| stream)
     }
@@ -206,16 +257,44 @@ impl Pool {
     /// As [`open`](Pool::open), and tells which session the stream is on: to follow that
     /// session's end, or to name it in logs.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let connect = || async {
+    /// #     let (client, server) = tokio::io::duplex(64 * 1024);
+    /// #     let server = gomux::Session::server(server);
+    /// #     tokio::spawn(async move { while server.accept().await.is_ok() {} });
+    /// #     Ok(client)
+    /// # };
+    /// let pool = gomux::Pool::new(2, gomux::Config::default(), connect);
+    /// let (stream, pooled) = pool.open_with_session().await?;
+    /// println!("stream {} on session {} (slot {})", stream.id(), pooled.number(), pooled.slot());
+    ///
+    /// // Follow the session the stream is on: its end ends the stream too.
+    /// let session = pooled.session().clone();
+    /// tokio::spawn(async move {
+    ///     let reason = session.closed().await;
+    ///     println!("the session under the stream ended: {reason}");
+    /// });
+    /// # drop(stream);
+    /// # pool.close().await
+    /// # }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`open`](Pool::open).
     pub async fn open_with_session(&self) -> Result<(Stream, PooledSession), Error> {
+        let deadline = later(Instant::now(), self.shared.open_timeout);
         let mut waiting = Waiting {
             shared: &self.shared,
             slot: None,
         };
+        let mut timer = pin!(tokio::time::sleep_until(deadline));
         loop {
-            let (pooled, _opening) = poll_fn(|cx| self.poll_choose(cx, &mut waiting.slot)).await?;
+            let (pooled, _opening) =
+                poll_fn(|cx| self.poll_choose(cx, &mut waiting.slot, deadline, timer.as_mut()))
+                    .await?;
             match pooled.session.open().await {
                 Ok(stream) => return Ok((stream, pooled)),
                 // The session is over (or draining): it leaves its slot, and another is tried.
@@ -244,7 +323,7 @@ impl Pool {
         poll_fn(|cx| {
             let mut state = self.shared.lock();
             if state.slots.iter().any(|slot| slot.connecting) {
-                state.waiters.register(&mut waiting.slot, cx.waker());
+                state.wait(&mut waiting.slot, cx.waker());
                 return Poll::Pending;
             }
             Poll::Ready(state.live().count())
@@ -324,36 +403,65 @@ impl Pool {
         first
     }
 
-    /// Chooses the session for an open, starting connects for the slots that need one; waits
-    /// (registered in `slot`) when none is live but a connect is under way.
+    /// How many `open` and `fill` calls are waiting now for a session or a connect: a
+    /// pool that cannot keep up with its callers, or a server that is away, shows here.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiting
+    }
+
+    /// Chooses the session for an open, starting connects for the slots that need one. When
+    /// none is live it waits (registered in `slot`) for a connect to finish, for the next
+    /// slot's backoff to pass (`timer`), or until `deadline`, where it fails.
     fn poll_choose(
         &self,
         cx: &mut Context<'_>,
         slot: &mut Option<usize>,
+        deadline: Instant,
+        mut timer: Pin<&mut Sleep>,
     ) -> Poll<Result<(PooledSession, Opening), Error>> {
-        // Dropped after the lock is let go (declared before it).
-        let _retired = self.shared.start_connects();
-        let mut state = self.shared.lock();
-        if state.closed {
-            state.waiters.remove(slot);
-            return Poll::Ready(Err(Error::ClosedLocally));
-        }
-        let chosen = state.least_loaded();
-        let Some(index) = chosen else {
-            if state.slots.iter().any(|slot| slot.connecting) {
-                state.waiters.register(slot, cx.waker());
+        let pooled = loop {
+            // Dropped after the lock is let go (declared before it).
+            let _retired = self.shared.start_connects();
+            let mut state = self.shared.lock();
+            if state.closed {
+                state.stop_waiting(slot);
+                return Poll::Ready(Err(Error::ClosedLocally));
+            }
+            if let Some(index) = state.least_loaded() {
+                state.stop_waiting(slot);
+                state.next = (index + 1) % self.shared.size;
+                let entry = &mut state.slots[index];
+                entry.opening += 1;
+                break entry.session.clone();
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                state.stop_waiting(slot);
+                let last = state.last_error.clone().map(Box::new);
+                return Poll::Ready(Err(Error::PoolUnavailable { last }));
+            }
+            state.wait(slot, cx.waker());
+            // A finished connect wakes the waiters; a slot whose backoff passes does not, so
+            // the timer is set for the first of them (or the deadline).
+            let wake_at = if state.slots.iter().any(|slot| slot.connecting) {
+                deadline
+            } else {
+                state
+                    .slots
+                    .iter()
+                    .filter_map(|slot| slot.retry_at)
+                    .min()
+                    .map_or(deadline, |at| at.min(deadline))
+            };
+            drop(state);
+            if timer.deadline() != wake_at {
+                timer.as_mut().reset(wake_at);
+            }
+            if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            state.waiters.remove(slot);
-            let error = state.last_error.clone();
-            return Poll::Ready(Err(error.unwrap_or(Error::ConnectionClosed)));
+            // The time has come already: a slot may connect again, or the deadline passed.
         };
-        state.waiters.remove(slot);
-        state.next = (index + 1) % self.shared.size;
-        let entry = &mut state.slots[index];
-        entry.opening += 1;
-        let pooled = entry.session.clone();
-        drop(state);
         // `least_loaded` only returns slots that hold a session.
         let pooled = pooled.ok_or(Error::ConnectionClosed)?;
         let opening = Opening {
@@ -384,6 +492,7 @@ impl fmt::Debug for Pool {
                 &state.slots.iter().filter(|slot| slot.connecting).count(),
             )
             .field("connects", &state.connects)
+            .field("waiting", &state.waiting)
             .field("closed", &state.closed)
             .finish()
     }
@@ -409,10 +518,19 @@ impl PoolBuilder {
         self
     }
 
-    /// How long a connect may take before it counts as failed (default 10 s), and so the
-    /// longest an `open` waits when no session is live.
+    /// How long a connect may take before it counts as failed (default 10 s). Also the open
+    /// timeout, unless [`open_timeout`](PoolBuilder::open_timeout) sets another.
     pub fn connect_timeout(mut self, timeout: Duration) -> PoolBuilder {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long an [`open`](Pool::open) waits for a live session before it fails with
+    /// [`Error::PoolUnavailable`] (default: the connect timeout). [`Duration::ZERO`] never
+    /// waits: an open fails at once when no session is live (the connects it starts go on).
+    /// [`Duration::MAX`] waits for as long as it takes.
+    pub fn open_timeout(mut self, timeout: Duration) -> PoolBuilder {
+        self.open_timeout = Some(timeout);
         self
     }
 
@@ -428,6 +546,7 @@ impl PoolBuilder {
             config,
             backoff,
             connect_timeout,
+            open_timeout,
         } = self;
         let connect: ConnectFn = Box::new(move || {
             let transport = connect();
@@ -442,6 +561,7 @@ impl PoolBuilder {
                 size,
                 backoff,
                 connect_timeout,
+                open_timeout: open_timeout.unwrap_or(connect_timeout),
                 connect,
                 state: Mutex::new(State {
                     slots: (0..size).map(|_| Slot::default()).collect(),
@@ -450,6 +570,7 @@ impl PoolBuilder {
                     closed: false,
                     last_error: None,
                     waiters: WaitList::new(),
+                    waiting: 0,
                 }),
             }),
         }
@@ -482,6 +603,7 @@ struct Shared {
     size: usize,
     backoff: Backoff,
     connect_timeout: Duration,
+    open_timeout: Duration,
     connect: ConnectFn,
     state: Mutex<State>,
 }
@@ -504,6 +626,8 @@ struct State {
     last_error: Option<Error>,
     /// Opens and fills waiting for a connect to finish, one slot each (given back on drop).
     waiters: WaitList,
+    /// Slots held in `waiters`.
+    waiting: usize,
 }
 
 #[derive(Default)]
@@ -546,7 +670,8 @@ impl Shared {
                     .as_ref()
                     .and_then(|pooled| pooled.session.close_reason());
                 if let Some(reason) = ended {
-                    retired.extend(state.slots[index].retire(now, self.backoff));
+                    let clean = matches!(reason, Error::ClosedByPeer);
+                    retired.extend(state.slots[index].retire(now, self.backoff, clean));
                     state.last_error = Some(reason);
                 }
                 let slot = &mut state.slots[index];
@@ -591,12 +716,11 @@ impl Shared {
         let mut wakers = Vec::new();
         let late = {
             let mut state = self.lock();
-            state.waiters.wake_all(&mut wakers);
             let closed = state.closed;
             let state = &mut *state;
             let slot = &mut state.slots[index];
             slot.connecting = false;
-            match outcome {
+            let late = match outcome {
                 Ok(session) if closed => Some(session),
                 Ok(session) => {
                     state.connects += 1;
@@ -614,7 +738,10 @@ impl Shared {
                     state.last_error = Some(error);
                     None
                 }
-            }
+            };
+            // Taken last, once the slot is settled: the waiters must see its new state.
+            state.waiters.wake_all(&mut wakers);
+            late
         };
         wakers.into_iter().for_each(Waker::wake);
         late
@@ -622,6 +749,18 @@ impl Shared {
 }
 
 impl State {
+    /// Registers a waiting `open` or `fill` in its `slot` of the waiters.
+    fn wait(&mut self, slot: &mut Option<usize>, waker: &Waker) {
+        self.waiting += usize::from(slot.is_none());
+        self.waiters.register(slot, waker);
+    }
+
+    /// Gives up the `slot` of an `open` or `fill` that waits no more.
+    fn stop_waiting(&mut self, slot: &mut Option<usize>) {
+        self.waiting -= usize::from(slot.is_some());
+        self.waiters.remove(slot);
+    }
+
     /// The live sessions.
     fn live(&self) -> impl Iterator<Item = &PooledSession> {
         self.slots
@@ -667,20 +806,27 @@ impl State {
         {
             return None;
         }
+        let clean = matches!(error, Error::ClosedByPeer);
         self.last_error = Some(error);
-        slot.retire(Instant::now(), shared.backoff)
+        slot.retire(Instant::now(), shared.backoff, clean)
     }
 }
 
 impl Slot {
     /// Empties the slot of its session. A session that lived less than the longest backoff
     /// counts as a failure (a server that accepts and drops connections must not be connected
-    /// in a loop); one that lived longer starts the count afresh.
-    fn retire(&mut self, now: Instant, backoff: Backoff) -> Option<PooledSession> {
+    /// in a loop); one that lived longer starts the count afresh, as does one the server
+    /// closed cleanly (`clean`: CloseMux) after the initial backoff, so that a server's
+    /// graceful restart does not grow the backoff.
+    fn retire(&mut self, now: Instant, backoff: Backoff, clean: bool) -> Option<PooledSession> {
         let pooled = self.session.take()?;
-        let lived = self.since.take().map(|since| now - since);
+        let lived = self
+            .since
+            .take()
+            .map(|since| now.saturating_duration_since(since));
         self.opening = 0;
-        if lived.is_some_and(|lived| lived >= backoff.max) {
+        let enough = if clean { backoff.initial } else { backoff.max };
+        if lived.is_some_and(|lived| lived >= enough) {
             self.failures = 0;
             self.retry_at = None;
         } else {
@@ -700,8 +846,17 @@ impl Slot {
                 .min(backoff.max),
         };
         self.failures = self.failures.saturating_add(1);
-        self.retry_at = Some(now + wait);
+        self.retry_at = Some(later(now, wait));
     }
+}
+
+/// `now + wait`, or far in the future when that is past what an [`Instant`] can hold (a
+/// backoff or timeout of [`Duration::MAX`]): never a panic, which would leave the pool's
+/// waiters unwoken.
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
 }
 
 /// Connects slot `index`, within the connect timeout, and records the outcome.
@@ -773,7 +928,7 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if self.slot.is_some() {
-            self.shared.lock().waiters.remove(&mut self.slot);
+            self.shared.lock().stop_waiting(&mut self.slot);
         }
     }
 }
@@ -829,5 +984,56 @@ mod tests {
         slot.failures = u32::MAX;
         slot.fail(now, backoff());
         assert_eq!(slot.retry_at, Some(now + backoff().max));
+    }
+
+    #[test]
+    fn a_backoff_of_duration_max_saturates_instead_of_panicking() {
+        let now = Instant::now();
+        let longest = Backoff {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+        };
+        let mut slot = Slot::default();
+        for _ in 0..3 {
+            slot.fail(now, longest);
+        }
+        assert_eq!(slot.retry_at, Some(now + FAR_FUTURE));
+        assert_eq!(later(now, Duration::MAX), now + FAR_FUTURE);
+        assert_eq!(
+            later(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_resets_the_count_once_the_session_lived_the_initial_backoff() {
+        let now = Instant::now();
+        let session_slot = |failures, lived: Duration| {
+            let (a, _b) = tokio::io::duplex(64);
+            let (session, _driver) = Session::new(a, Role::Client, Config::default());
+            Slot {
+                session: Some(PooledSession {
+                    slot: 0,
+                    number: 1,
+                    session,
+                }),
+                since: Some(now - lived),
+                failures,
+                ..Slot::default()
+            }
+        };
+        // Closed by the server after a second: no failure, connect again at once.
+        let mut slot = session_slot(3, Duration::from_secs(1));
+        assert!(slot.retire(now, backoff(), true).is_some());
+        assert_eq!((slot.failures, slot.retry_at), (0, None));
+        // Closed by the server at once: a failure, as a drop would be.
+        let mut slot = session_slot(3, Duration::from_millis(10));
+        slot.retire(now, backoff(), true);
+        assert_eq!(slot.failures, 4);
+        assert_eq!(slot.retry_at, Some(now + Duration::from_millis(400)));
+        // Dropped after a second: a failure.
+        let mut slot = session_slot(3, Duration::from_secs(1));
+        slot.retire(now, backoff(), false);
+        assert_eq!(slot.failures, 4);
     }
 }

@@ -317,6 +317,32 @@ impl Stream {
 
     /// Stops reading: the peer is told (CloseWrite) and its writes fail; buffered and arriving
     /// data is discarded and reads return end-of-stream. Writing still works.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut upload = client.open().await?;
+    /// upload.write_all(b"more than the server wants").await?;
+    ///
+    /// // The server has read enough: it stops reading, and answers all the same.
+    /// let mut inbound = server.accept().await?;
+    /// inbound.close_read();
+    /// inbound.write_all(b"enough").await?;
+    /// inbound.shutdown().await?;
+    ///
+    /// // The client learns that the server stopped, and still reads the answer.
+    /// assert_eq!(upload.stopped().await?, gomux::stream::Stopped::ReadClosed);
+    /// assert!(upload.write_all(b"ignored").await.is_err());
+    /// let mut answer = String::new();
+    /// upload.read_to_string(&mut answer).await?;
+    /// assert_eq!(answer, "enough");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn close_read(&mut self) {
         self.handle.with_driver(|inner, key| inner.close_read(key));
     }
@@ -339,6 +365,28 @@ impl Stream {
     /// the transport's when it refused a write before then; a
     /// [`Error::Transport`] of kind `TimedOut` when the transport did not take it within the
     /// close timeout (it stays queued, and goes out if the transport recovers).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(b"last words").await?;
+    /// // Returns once the data and the close are on the transport.
+    /// stream.close().await?;
+    ///
+    /// // The peer reads what was sent, then end-of-stream; its writes fail.
+    /// let mut inbound = server.accept().await?;
+    /// let mut text = String::new();
+    /// inbound.read_to_string(&mut text).await?;
+    /// assert_eq!(text, "last words");
+    /// assert!(inbound.write_all(b"too late").await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn close(&mut self) -> Result<(), Error> {
         self.handle.close_with(Inner::close_stream).await
     }
@@ -404,6 +452,38 @@ impl Stream {
     /// [`OwnedWriteHalf`] shuts the writing down, as `shutdown` does (and as tokio's
     /// `OwnedWriteHalf` does on drop); dropping the [`OwnedReadHalf`] stops reading, as
     /// [`close_read`](Stream::close_read) does; the stream closes when both are dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// // An echo server: one task copies what each stream reads back into it.
+    /// tokio::spawn(async move {
+    ///     while let Ok(stream) = server.accept().await {
+    ///         let (mut reader, mut writer) = stream.into_split();
+    ///         tokio::spawn(async move {
+    ///             tokio::io::copy(&mut reader, &mut writer).await?;
+    ///             writer.shutdown().await // end-of-stream after the echo
+    ///         });
+    ///     }
+    /// });
+    ///
+    /// // The client writes from one task and reads from another.
+    /// let (mut reader, mut writer) = client.open().await?.into_split();
+    /// let sending = tokio::spawn(async move {
+    ///     writer.write_all(b"echo me").await?;
+    ///     writer.shutdown().await
+    /// });
+    /// let mut echo = String::new();
+    /// reader.read_to_string(&mut echo).await?;
+    /// sending.await??;
+    /// assert_eq!(echo, "echo me");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         let (read, write) = self.handle.split();
         (

@@ -24,3 +24,15 @@ macro_rules! event {
 }
 
 pub(crate) use event;
+
+/// Logs a session's end: at WARN when it ended on a fault (the peer broke the protocol, the
+/// transport failed), which an operator should see; at DEBUG after a close or a timeout, which
+/// are part of a session's normal life.
+pub(crate) fn session_ended(_session: u64, _error: &crate::Error) {
+    #[cfg(feature = "tracing")]
+    if _error.is_fault() {
+        tracing::warn!(session = _session, error = %_error, "session failed");
+    } else {
+        tracing::debug!(session = _session, error = %_error, "session ended");
+    }
+}

@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use gomux::{Error, Pool, Session};
+use gomux::{Error, Pool, PoolBuilder, Session};
 use tokio::io::DuplexStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use common::{assert_same, pattern, round_trip, settle, spawn_echo, within, Faults, Faulty};
+use common::{assert_same, pattern, round_trip, spawn_echo, within, Faults, Faulty};
 
 /// The far end of every connection a test's pool makes.
 #[derive(Clone)]
@@ -29,6 +30,10 @@ struct Server {
     gate: watch::Sender<bool>,
     /// The connections made, in order: the switch that resets each one's client end.
     connections: Arc<Mutex<Vec<Faults>>>,
+    /// The server's session of each connection made, in order.
+    sessions: Arc<Mutex<Vec<Session>>>,
+    /// When each connect was attempted, and whether it succeeded.
+    log: Arc<Mutex<Vec<(Instant, bool)>>>,
 }
 
 impl Server {
@@ -38,7 +43,18 @@ impl Server {
             up: Arc::new(AtomicBool::new(true)),
             gate: watch::Sender::new(true),
             connections: Arc::new(Mutex::new(Vec::new())),
+            sessions: Arc::new(Mutex::new(Vec::new())),
+            log: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// A pool of `size` sessions to this server, built with `builder`.
+    fn pool_with(&self, builder: PoolBuilder) -> Pool {
+        let server = self.clone();
+        builder.build(move || {
+            let server = server.clone();
+            async move { server.connect().await }
+        })
     }
 
     /// A pool of `size` sessions to this server, with a short backoff.
@@ -57,18 +73,40 @@ impl Server {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         // The sender lives in `self`: the wait cannot fail.
         let _ = self.gate.subscribe().wait_for(|open| *open).await;
-        if !self.up.load(Ordering::SeqCst) {
+        let up = self.up.load(Ordering::SeqCst);
+        self.log
+            .lock()
+            .expect("not poisoned")
+            .push((Instant::now(), up));
+        if !up {
             return Err(io::ErrorKind::ConnectionRefused.into());
         }
         let (client, server) = tokio::io::duplex(256 * 1024);
         let (client, faults) = Faulty::new(client);
-        spawn_echo(Session::server(server));
+        let session = Session::server(server);
+        self.sessions
+            .lock()
+            .expect("not poisoned")
+            .push(session.clone());
+        spawn_echo(session);
         self.connections.lock().expect("not poisoned").push(faults);
         Ok(client)
     }
 
     fn attempts(&self) -> usize {
         self.attempts.load(Ordering::SeqCst)
+    }
+
+    /// When the first connect that succeeded was made.
+    fn first_success(&self) -> Option<Instant> {
+        let log = self.log.lock().expect("not poisoned");
+        log.iter().find(|(_, up)| *up).map(|&(at, _)| at)
+    }
+
+    /// The server's session of the latest connection made.
+    fn latest_session(&self) -> Session {
+        let sessions = self.sessions.lock().expect("not poisoned");
+        sessions.last().cloned().expect("a connection was made")
     }
 
     /// Resets the client end of the `index`th connection made, as a failing network would.
@@ -206,7 +244,7 @@ async fn a_dead_session_is_replaced_and_the_others_carry_on() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn opens_waiting_for_a_reconnect_share_one_connect() {
     let server = Server::new();
     let pool = server.pool(1);
@@ -214,8 +252,8 @@ async fn opens_waiting_for_a_reconnect_share_one_connect() {
     server.kill(0);
     until("the session to end", || pool.live() == 0).await;
 
-    // Connects now wait at the gate: twenty opens find no live session and wait for the one
-    // connect the first of them started.
+    // Connects now wait at the gate, which only this test opens: twenty opens find no live
+    // session, and every one of them waits in the pool while the one connect is held.
     server.gate.send_replace(false);
     let opens: Vec<_> = (0..20)
         .map(|_| {
@@ -223,8 +261,15 @@ async fn opens_waiting_for_a_reconnect_share_one_connect() {
             tokio::spawn(async move { pool.open().await })
         })
         .collect();
-    until("the reconnect to start", || server.attempts() == 2).await;
-    settle().await;
+    until("all twenty opens to wait in the pool", || {
+        pool.waiting() == 20
+    })
+    .await;
+    assert_eq!(server.attempts(), 2, "one connect started for the twenty");
+    // However long it is held (no backoff runs while a connect is under way), no other starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!((server.attempts(), pool.waiting()), (2, 20));
+
     server.gate.send_replace(true);
     let _streams: Vec<_> = within("the opens", join_all(opens))
         .await
@@ -233,32 +278,200 @@ async fn opens_waiting_for_a_reconnect_share_one_connect() {
         .collect();
     assert_eq!(server.attempts(), 2, "one connect for all of them");
     assert_eq!(pool.connects(), 2);
+    assert_eq!(pool.waiting(), 0);
     assert_eq!(counts(&pool), [(0, 20)]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn open_fails_while_the_server_is_down_without_hammering_it_and_recovers() {
+async fn open_waits_while_the_server_is_down_without_hammering_it_and_recovers() {
     let server = Server::new();
     server.up.store(false, Ordering::SeqCst);
-    let pool = server.pool(2);
+    let pool = server.pool_with(
+        Pool::builder(2)
+            .backoff(Duration::from_millis(10), Duration::from_millis(200))
+            .open_timeout(Duration::from_secs(1)),
+    );
 
-    // No time passes in this loop (the clock is paused and nothing sleeps): every open fails,
-    // and backoff lets each slot connect twice at most (its first failure is retried once).
-    for _ in 0..100 {
-        let error = within("open to fail", pool.open()).await.expect_err("down");
-        match error {
-            Error::Transport(error) => assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused),
+    // Five opens wait out the open timeout together, then fail saying why.
+    let start = Instant::now();
+    let opens = (0..5).map(|_| pool.open());
+    for outcome in within("the opens to fail", join_all(opens)).await {
+        let error = outcome.expect_err("the server is down");
+        match &error {
+            Error::PoolUnavailable { last: Some(last) } => assert!(
+                matches!(&**last, Error::Transport(e) if e.kind() == io::ErrorKind::ConnectionRefused),
+                "{last:?}"
+            ),
             other => panic!("unexpected error {other:?}"),
         }
+        assert_eq!(error.io_kind(), io::ErrorKind::ConnectionRefused);
+        assert!(error.to_string().contains("open timeout"), "{error}");
     }
-    assert!(server.attempts() <= 4, "{} connects", server.attempts());
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_millis(1100),
+        "{waited:?}"
+    );
+    // Backoff held the connects down, however many opens waited: per slot two at once, then
+    // at 10, 30, 70, 150, 310, 510, 710 and 910 ms.
+    assert!(
+        server.attempts() <= 2 * 10,
+        "{} connects",
+        server.attempts()
+    );
     assert_eq!(pool.live(), 0);
 
-    // The server comes back: once the backoff has passed, the next open connects.
+    // The server comes back: the next open connects as soon as the backoff allows.
     server.up.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let stream = within("open once up", pool.open()).await.expect("open");
+    assert!(start.elapsed() < Duration::from_millis(1300));
     assert_eq!(within("echo", round_trip(stream, b"back")).await, b"back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_made_while_the_server_is_down_succeed_with_its_first_connect() {
+    let server = Server::new();
+    server.up.store(false, Ordering::SeqCst);
+    let pool = server.pool_with(Pool::builder(2));
+
+    // Twenty opens while the server is down; it comes back after half a second.
+    let opens: Vec<_> = (0..20)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let stream = pool.open().await;
+                (stream, Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.up.store(true, Ordering::SeqCst);
+    let mut done = Vec::new();
+    for outcome in within("the opens", join_all(opens)).await {
+        let (stream, at) = outcome.expect("no panic");
+        stream.expect("every open waits for the server rather than failing");
+        done.push(at);
+    }
+    let first = server.first_success().expect("a connect succeeded");
+    for at in done {
+        assert!(
+            at.saturating_duration_since(first) <= Duration::from_millis(100),
+            "an open finished {:?} after the first successful connect",
+            at.saturating_duration_since(first)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clean_close_by_the_server_does_not_grow_the_backoff() {
+    let server = Server::new();
+    // The default backoff: a session that lives under 5 s and fails counts as a failure.
+    let pool = server.pool_with(Pool::builder(1));
+    assert_eq!(within("fill", pool.fill()).await, 1);
+    for restart in 1..=5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The server closes its session cleanly (CloseMux), as a graceful restart does.
+        let closed = server.latest_session();
+        within("the server's close", closed.close())
+            .await
+            .expect("a clean close");
+        let at = Instant::now();
+        // No open fails with the closed session's error, and none waits for a backoff.
+        let stream = within("open after the close", pool.open())
+            .await
+            .unwrap_or_else(|error| panic!("open after restart {restart}: {error}"));
+        assert!(
+            at.elapsed() < Duration::from_millis(50),
+            "restart {restart}: the open waited {:?}",
+            at.elapsed()
+        );
+        assert_eq!(within("echo", round_trip(stream, b"again")).await, b"again");
+    }
+    assert_eq!(server.attempts(), 6, "one connect per restart");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_closes_every_session_at_once_is_backed_off_from() {
+    let server = Server::new();
+    let pool = server.pool_with(Pool::builder(1).open_timeout(Duration::from_secs(2)));
+    // Every session the server makes is closed cleanly as soon as it is made.
+    let closer = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            let mut closed = 0;
+            loop {
+                let sessions: Vec<Session> = server.sessions.lock().expect("not poisoned").clone();
+                for session in &sessions[closed..] {
+                    let _ = session.close().await;
+                }
+                closed = sessions.len();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        // Opens may catch a session before its close; what counts is how often it connects.
+        let _ = within("an open", pool.open()).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    closer.abort();
+    // Sessions closed within the initial backoff count as failures: in 2 s, connects at once,
+    // once more at once, then 100, 200, 400 and 800 ms apart.
+    assert!(
+        server.attempts() <= 7,
+        "{} connects in 2 s",
+        server.attempts()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backoff_of_duration_max_neither_panics_nor_strands_the_waiting_opens() {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let pool = {
+        let attempts = Arc::clone(&attempts);
+        Pool::builder(1)
+            .backoff(Duration::MAX, Duration::MAX)
+            .open_timeout(Duration::from_secs(2))
+            .build(move || {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                async { Err::<DuplexStream, _>(io::Error::from(io::ErrorKind::ConnectionRefused)) }
+            })
+    };
+    // Failures in a row: the first retries at once, the second waits `Duration::MAX`, which no
+    // `Instant` can hold. The opens waiting meanwhile must still be woken, and fail in time.
+    let opens = (0..3).map(|_| pool.open());
+    for outcome in within("the opens", join_all(opens)).await {
+        assert!(
+            matches!(outcome, Err(Error::PoolUnavailable { last: Some(_) })),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "no connect after the second failure"
+    );
+    // The second failure was recorded (a panic there would have left the slot connecting for
+    // ever), and the pool still answers, and still fails in time.
+    let state = format!("{pool:?}");
+    assert!(state.contains("connecting: 0"), "{state}");
+    let outcome = within("a later open", pool.open()).await;
+    assert!(
+        matches!(outcome, Err(Error::PoolUnavailable { .. })),
+        "{outcome:?}"
+    );
+
+    // Every duration at its largest, and a server that answers: it just works.
+    let server = Server::new();
+    let pool = server.pool_with(
+        Pool::builder(1)
+            .backoff(Duration::MAX, Duration::MAX)
+            .connect_timeout(Duration::MAX)
+            .open_timeout(Duration::MAX),
+    );
+    let stream = within("open", pool.open()).await.expect("open");
+    assert_eq!(within("echo", round_trip(stream, b"max")).await, b"max");
 }
 
 #[tokio::test(start_paused = true)]

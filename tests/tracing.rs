@@ -57,8 +57,8 @@ fn session_and_stream_events_carry_their_ids() {
     for expected in [
         "session started",
         "stream opened",
-        "inbound stream queued",
-        "stream released",
+        "peer opened a stream",
+        "stream closed",
         "session ended",
         "stream=0",
         "session=",

@@ -289,6 +289,30 @@ impl Session {
     /// [`close`](Session::close) or [`graceful_close`](Session::graceful_close) (at once, even
     /// while the session drains), or the peer's CloseMux. Any other end (a protocol error, a
     /// failed transport, a timeout) yields that error once, then `None`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// use futures::StreamExt;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut incoming = server.incoming();
+    /// let _streams = [client.open().await?, client.open().await?];
+    /// client.close().await?;
+    ///
+    /// // The two streams, then the session's end (the client closed it), then nothing.
+    /// let mut ids = Vec::new();
+    /// while let Some(next) = incoming.next().await {
+    ///     match next {
+    ///         Ok(stream) => ids.push(stream.id()),
+    ///         Err(end) => assert!(matches!(end, gomux::Error::ClosedByPeer)),
+    ///     }
+    /// }
+    /// assert_eq!(ids, [0, 2]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn incoming(&self) -> Incoming {
         Incoming {
             session: self.clone(),
@@ -387,6 +411,24 @@ impl Session {
     /// Resolves at once if that is already so; a stream opened afterwards does not matter to
     /// it. With [`graceful_close`](Session::graceful_close), it tells when the draining is
     /// done without closing anything itself.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let stream = client.open().await?;
+    /// let idle = {
+    ///     let client = client.clone();
+    ///     tokio::spawn(async move { client.wait_idle().await })
+    /// };
+    /// drop(stream); // the last stream goes: the session is idle
+    /// idle.await.expect("no panic");
+    /// assert_eq!(client.stream_count(), 0);
+    /// # drop(server);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn wait_idle(&self) {
         let mut waiting = Waiting::new(&self.shared, Inner::idle_waiter_gone);
         poll_fn(|cx| {
@@ -453,6 +495,29 @@ impl Session {
     /// Waits until the session has ended and its transport is closed, and returns why it ended
     /// ([`Error::ClosedLocally`] after [`close`](Session::close), [`Error::ClosedByPeer`] after
     /// the peer's CloseMux, or what went wrong).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// // A task that reports how the connection ended, whoever ends it.
+    /// let watcher = {
+    ///     let server = server.clone();
+    ///     tokio::spawn(async move {
+    ///         let reason = server.closed().await;
+    ///         if !reason.is_graceful() {
+    ///             eprintln!("connection lost: {reason}");
+    ///         }
+    ///         reason
+    ///     })
+    /// };
+    /// client.close().await?;
+    /// let reason = watcher.await.expect("no panic");
+    /// assert!(matches!(reason, gomux::Error::ClosedByPeer));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn closed(&self) -> Error {
         self.finished().await;
         self.shared

@@ -103,7 +103,7 @@ impl Inner {
         if self.life.end.is_some() {
             return;
         }
-        event!(debug, session = self.id, error = %error, "session ended");
+        crate::trace::session_ended(self.id, &error);
         self.life.end = Some(error);
         self.life.send_close_mux = send_close_mux;
         self.wake_all_outgoing(wakers);
@@ -128,7 +128,7 @@ impl Inner {
             debug,
             session = self.id,
             streams = self.unfinished,
-            "draining"
+            "graceful close started"
         );
         self.life.closing_gracefully = true;
         self.life.drain_waiters.wake_all(wakers);

@@ -27,6 +27,7 @@ mod send;
 mod slab;
 mod stream_state;
 mod wait_list;
+mod write_waits;
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -45,6 +46,7 @@ use self::recv_buf::{PinLedger, TAIL_POOL};
 use self::slab::Slab;
 use self::stream_state::StreamState;
 pub(crate) use self::wait_list::WaitList;
+use self::write_waits::WriteWaits;
 use crate::config::{Config, Role};
 use crate::stats::Stats;
 use crate::trace::next_session_id;
@@ -129,6 +131,8 @@ pub(crate) struct Inner {
     /// Counters for `Session::stats`; `buffered` is also what the pinned-memory bound and the
     /// memory tests read.
     stats: Stats,
+    /// The writes waiting for credit or room, and how long they waited, for `Session::stats`.
+    write_waits: WriteWaits,
     /// Drained stream buffers for reuse, at most [`TAIL_POOL`].
     tail_pool: Vec<BytesMut>,
     /// The read buffers that buffered data keeps alive.
@@ -157,6 +161,7 @@ impl Inner {
             clock: now,
             min_rtt: None,
             stats: Stats::default(),
+            write_waits: WriteWaits::default(),
             // Its full size at once: a few hundred bytes, and no allocation when it fills.
             tail_pool: Vec::with_capacity(TAIL_POOL),
             pins: PinLedger::default(),
@@ -219,9 +224,16 @@ impl Inner {
 
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> Stats {
+        let (credit_wait_time, room_wait_time) = self.write_waits.times();
         Stats {
             live_streams: self.streams.len(),
             bytes_sent: self.out.bytes_written(),
+            credit_waits: self.write_waits.credit_waits,
+            credit_wait_time,
+            room_waits: self.write_waits.room_waits,
+            room_wait_time,
+            queued: self.out.queued_bytes(),
+            min_rtt: self.min_rtt.map(std::time::Duration::from_micros),
             ..self.stats.clone()
         }
     }

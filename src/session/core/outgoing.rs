@@ -147,6 +147,13 @@ impl Outgoing {
         self.data_written >= self.data_end && self.control_written >= self.control_pushed
     }
 
+    /// Bytes queued that the transport has not taken yet: the data queue's (the batch being
+    /// written included), and a header for each control frame, for `Stats::queued`.
+    pub(super) fn queued_bytes(&self) -> u64 {
+        let data = self.data_end.saturating_sub(self.data_written);
+        data.saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
+    }
+
     /// Whether a stream's bytes up to `mark` are written (see `StreamState::mark`).
     fn written(&self, mark: u64, in_control: bool) -> bool {
         if in_control {

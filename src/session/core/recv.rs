@@ -206,7 +206,7 @@ impl Inner {
             trace,
             session = self.id,
             stream = id,
-            "inbound stream queued"
+            "peer opened a stream"
         );
         // The accept queue holds the stream's handles until `accept` hands them out. Its
         // window, if above the initial one, is announced when it is accepted: that is the
@@ -241,6 +241,8 @@ impl Inner {
         };
         let first = stream.peer == PeerSaid::Nothing;
         apply(stream);
+        let refused = first && stream.peer.stopped() == Some(Stopped::Refused);
+        self.stats.refused_by_peer += u64::from(refused);
         stream.wake_all(wakers);
         if first {
             self.acknowledged(wakers);

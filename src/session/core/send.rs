@@ -6,6 +6,7 @@ use std::task::{Poll, Waker};
 use bytes::Bytes;
 
 use super::stream_state::{Closed, PeerSaid, Queued, RecvState, SendState, WriteWait};
+use super::write_waits::Blocked;
 use super::Inner;
 use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
@@ -130,6 +131,7 @@ impl Inner {
         // together stay within the queue's size.
         let granted = self.room_granted(key).saturating_sub(HEADER_LEN);
         let room = granted > 0 || self.data_has_room();
+        let waited = self.write_waits.take(key);
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
@@ -144,6 +146,7 @@ impl Inner {
         }
         if stream.send_credit == 0 {
             stream.wait_to_write(WriteWait::Credit, waker);
+            self.write_waits.blocked(key, Blocked::Credit, waited);
             return Poll::Pending;
         }
         // Use whatever credit there is: a partial frame now beats a whole one later.
@@ -155,6 +158,7 @@ impl Inner {
         }
         if !room {
             self.wait_for_room(key, waker, HEADER_LEN + n);
+            self.write_waits.blocked(key, Blocked::Room, waited);
             return Poll::Pending;
         }
         stream.send_credit -= n as u32;
@@ -338,12 +342,13 @@ impl Inner {
         }
         self.streams.remove(key);
         self.ids.remove(&id);
+        self.write_waits.forget(key);
         event!(
             trace,
             session = self.id,
             stream = id,
             unread = _unread,
-            "stream released"
+            "stream closed"
         );
     }
 }
