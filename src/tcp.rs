@@ -17,14 +17,20 @@
 //! Without `TCP_NOTSENT_LOWAT` (on platforms other than Linux and Android, where it is not set
 //! here), [`configure`] sets `TCP_NODELAY` only.
 //!
-//! What it changed in one run of `cargo bench --features tcp --bench latency_under_load` (a
-//! 64-byte ping every 10 ms beside a bulk stream of the same session, through an emulated
-//! 100 Mbit/s link with 10 ms each way and a 16 KiB queue; a 2-core machine under a load
-//! average near 20, so the p99s are noisy): gomux's ping p50 went from 149 ms to 65 ms at
-//! 11.7 and 11.5 MiB/s of bulk; yamux's, which queues little itself, from 277 ms to 28 ms.
-//! Over 20 Mbit/s with 20 ms each way gomux's did not improve (190 ms, then 242 ms): there
-//! the session's own write queue holds as much as the kernel did, and only a scheduler that
-//! lets the ping pass the bulk in it helps.
+//! What it changed in two runs of `cargo bench --features tcp --bench latency_under_load` (a
+//! 64-byte ping every 10 ms beside a bulk stream of the same session, through an emulated link
+//! with a 16 KiB queue, on a 2-core machine under a load average of 12 to 25, so single figures
+//! move a lot between runs): over 100 Mbit/s with 10 ms each way, gomux's ping p50 went from
+//! 149 and 136 ms to 65 and 70 ms, the bulk keeping 11.5 and 10.3 MiB/s of the link's 11.9;
+//! yamux's from 277 and 238 ms to 28 and 29 ms. Over 20 Mbit/s with 20 ms each way gomux's went
+//! from 190 ms to 242 ms in one run and from 315 ms to 158 ms in the other: what the kernel no
+//! longer holds then waits in the session's own write queue, in the same order, until a
+//! scheduler there lets the ping pass the bulk.
+//!
+//! Over loopback it cost no throughput that the same machine could tell apart:
+//! `cargo run --release --features tcp --example speed -- --mode mux-tcp --no-verify --bytes 2G
+//! --streams 1`, without and with `--notsent-lowat 16K`, three times interleaved, moved 390, 302
+//! and 498 MiB/s without it and 317, 301 and 502 MiB/s with it.
 //!
 //! ```no_run
 //! # async fn run() -> std::io::Result<()> {
