@@ -22,6 +22,9 @@
 //! - `--no-verify`: both ends only count the bytes, as `iperf3` does, instead of hashing them.
 //!   Hashing costs each end a few tenths of a core at these rates, so the rows compared with the
 //!   transport's limit are measured this way. The `go` mode always hashes.
+//! - `--notsent-lowat N`: set `TCP_NOTSENT_LOWAT` to N bytes on both sockets of the `mux-tcp`
+//!   mode (`gomux::tcp::set_notsent_lowat`; needs `--features tcp`), to see what it costs the
+//!   throughput over loopback. Other modes ignore it.
 //! - `--digest`: send nothing; print the digest of what would be sent (the line the Go peer's
 //!   `bench digest` prints for the same options, so the two implementations of the content and
 //!   checksum can be compared) and exit.
@@ -90,12 +93,13 @@ use support::{Connector, Count, Digest, Payload};
 
 const USAGE: &str = "\
 usage: speed [--mode MODE] [--bytes N | --file PATH] [--streams K] [--chunk C] [--no-verify]
-             [--digest]
+             [--digest] [--notsent-lowat N]
   MODE: tcp, mux-tcp, mux-tcp-zc, memory, mux-memory, yamux-tcp, go or all (default all)
   N, C: sizes like 4096, 64K, 512M, 1G (defaults: --bytes 1G, --chunk 64K)
   K: streams sent at once (default 1)
   --no-verify: count the bytes only, instead of hashing them at both ends
   --digest: print the digest of the content instead of sending it
+  --notsent-lowat N: TCP_NOTSENT_LOWAT on the mux-tcp mode's sockets (needs --features tcp)
   go: Go gomux between two Go processes; skipped when Go or ../shared/gomux-go is
       missing, a failure then if GOMUX_REQUIRE_GO=1";
 
@@ -158,6 +162,8 @@ struct Options {
     digest: bool,
     /// Hash what goes through each stream at both ends (otherwise only count it).
     verify: bool,
+    /// `TCP_NOTSENT_LOWAT` for the `mux-tcp` mode's sockets.
+    notsent_lowat: Option<u32>,
 }
 
 fn main() {
@@ -226,6 +232,7 @@ fn main() {
                 streams: options.streams,
                 verify: options.verify,
                 progress: Arc::default(),
+                notsent_lowat: options.notsent_lowat,
             };
             let run = run.measure(mode);
             let outcome = if mode == Mode::Tcp {
@@ -268,6 +275,8 @@ struct Run {
     verify: bool,
     /// Bytes received so far, for the progress line.
     progress: Arc<AtomicU64>,
+    /// `TCP_NOTSENT_LOWAT` for the `mux-tcp` mode's sockets.
+    notsent_lowat: Option<u32>,
 }
 
 impl Run {
@@ -280,7 +289,15 @@ impl Run {
         ));
         let outcome = match mode {
             Mode::Tcp => self.on(support::Tcp::bind().await?).await,
-            Mode::MuxTcp => self.on(support::gomux_tcp(Config::default()).await?).await,
+            Mode::MuxTcp => {
+                let (client, server) = support::tcp_pair().await?;
+                if let Some(bytes) = self.notsent_lowat {
+                    set_notsent_lowat(&client, bytes)?;
+                    set_notsent_lowat(&server, bytes)?;
+                }
+                self.on(support::gomux_over(client, server, Config::default()))
+                    .await
+            }
             Mode::MuxTcpZeroCopy => {
                 let pair = support::gomux_tcp(Config::default()).await?;
                 self.on(support::ZeroCopyPair(pair)).await
@@ -602,6 +619,7 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         chunk: support::CHUNK,
         digest: false,
         verify: true,
+        notsent_lowat: None,
     };
     let (mut bytes, mut file) = (None, None);
     let mut args = args.iter();
@@ -633,6 +651,16 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
                     .filter(|&c| c > 0)
                     .ok_or_else(|| format!("--chunk must be at least one byte, not {value}"))?;
             }
+            "--notsent-lowat" if cfg!(feature = "tcp") => {
+                let bytes = parse_size(value)?;
+                options.notsent_lowat = Some(
+                    u32::try_from(bytes)
+                        .ok()
+                        .filter(|&b| b > 0)
+                        .ok_or_else(|| format!("--notsent-lowat takes 1 to 4G-1, not {value}"))?,
+                );
+            }
+            "--notsent-lowat" => return Err("--notsent-lowat needs --features tcp".to_string()),
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -643,6 +671,16 @@ fn parse_args(args: &[String]) -> Result<Option<Options>, String> {
         (None, None) => options.source,
     };
     Ok(Some(options))
+}
+
+#[cfg(feature = "tcp")]
+fn set_notsent_lowat(socket: &tokio::net::TcpStream, bytes: u32) -> std::io::Result<()> {
+    gomux::tcp::set_notsent_lowat(socket, bytes)
+}
+
+#[cfg(not(feature = "tcp"))]
+fn set_notsent_lowat(_: &tokio::net::TcpStream, _: u32) -> std::io::Result<()> {
+    unreachable!("--notsent-lowat is refused without the tcp feature")
 }
 
 fn parse_mode(value: &str) -> Result<Vec<Mode>, String> {

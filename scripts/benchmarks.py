@@ -9,7 +9,8 @@ WORK_DIR holds what the measuring script wrote:
 - redis-K.txt: scripts/redis-tunnel.sh's output with K gomux connections (or redis-K.failed:
   why there is none);
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
-- alloc.txt: the output of the allocation test (alloc.failed if it failed).
+- alloc.txt: the output of the allocation test (alloc.failed if it failed);
+- loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
 
 NOTES_FILE (may be empty: no notes) is Markdown included as it is. Every figure printed comes
 from these files; the text around them holds none of its own.
@@ -180,6 +181,41 @@ def geometric_mean(values):
 
 # ---------------------------------------------------------------------------------------------
 # The document.
+
+
+def loaded_section(run):
+    """Latency under load over the emulated link: the bench's rows, as it printed them."""
+    text = run.file("loaded.txt")
+    if text is None:
+        return
+    section(
+        run, "Latency under load over an emulated link",
+        ["A 64-byte ping every 10 ms on one stream, echoed, while another stream of the same",
+         "session sends 64 KiB writes as fast as it can, through a relay that emulates a shared",
+         "serial link (R Mbit/s, D ms each way, a 16 KiB queue). `idle` is the pings alone on",
+         "plain TCP; `tcp` is two plain TCP connections; `lowat` is the sender's",
+         "`TCP_NOTSENT_LOWAT` (`off`: the kernel's default). Round trips in ms, the bulk rate",
+         "the receiver saw in MiB/s:"],
+        ["loaded"],
+    )
+    rows, remarks = [], []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            if "skipped" in line or "failed" in line:
+                remarks.append(line.lstrip("# "))
+            continue
+        cells = line.split()
+        if len(cells) == 7:
+            rows.append(cells)
+    out(table(["link", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"], rows,
+              ["---", "---", "--:", "--:", "--:", "--:", "--:"]), "")
+    failed = run.file("loaded.failed")
+    if failed is not None:
+        remarks.append("the bench failed: " + " ".join(failed.split()))
+    for remark in remarks:
+        out(f"- {remark}")
+    if remarks:
+        out("")
 
 
 def main():
@@ -422,6 +458,9 @@ def main():
             )
             if means:
                 out("Geometric mean of tunnel ÷ relays over the commands: " + "; ".join(means) + ".", "")
+
+    # --- Latency under load ------------------------------------------------------------------
+    loaded_section(run)
 
     # --- Allocations -------------------------------------------------------------------------
     section(run, "Allocations", ["Allocations while full Data frames and messages move in steady state:"], ["alloc"])

@@ -19,7 +19,9 @@
 #
 # The order of the rows turns from round to round. After the rounds, once each: Redis through
 # the tunnel example with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), perf profiles
-# of the 1-stream and the 1000-stream transfer, and the allocation counts of tests/alloc.rs.
+# of the 1-stream and the 1000-stream transfer, the allocation counts of tests/alloc.rs, and
+# latency under load over an emulated link (benches/latency_under_load.rs: a ping every 10 ms
+# beside a bulk stream of the same session, gomux, two TCP connections, Go gomux and yamux).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
@@ -63,6 +65,8 @@ redis_clients=50
 redis_tests=ping,set,get
 profile_bytes_one=8G
 profile_bytes_many=4G
+# The latency-under-load bench's options: 10 s per row, or 3 s with --quick.
+loaded_options=()
 # The allocation test's build: release, or (--quick) the debug build the tests already made.
 alloc_build=(--release)
 output=$PWD/BENCHMARKS.md
@@ -91,6 +95,7 @@ while (($#)); do
         profile_bytes_one=1G
         profile_bytes_many=512M
         alloc_build=()
+        loaded_options=(--quick)
         ;;
     --no-redis) redis=false ;;
     --rounds | --output | --notes)
@@ -154,6 +159,7 @@ peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
 (cd tests/interop/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local "$go" build -o "$peer" .)
 cargo build --release --example speed --example many_streams >&2
 cargo bench --bench latency --no-run >&2
+cargo bench --features tcp --bench latency_under_load --no-run >&2
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
 "$speed" --help | grep -q -- --no-verify || fail "$speed has no --no-verify option"
@@ -472,6 +478,14 @@ echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2
 shown alloc "${alloc_test[*]}"
 if ! "${alloc_test[@]}" >"$work/alloc.txt" 2>"$work/alloc.err"; then
     echo "failed" >"$work/alloc.failed"
+fi
+
+# Latency under load, once: the bench prints its own table, which goes into the document.
+loaded=(cargo bench --features tcp --bench latency_under_load -- "${loaded_options[@]}")
+echo "latency under load: ${loaded[*]} ($(date -u +%H:%M:%S))" >&2
+shown loaded "${loaded[*]}"
+if ! "${loaded[@]}" >"$work/loaded.txt" 2>"$work/loaded.err"; then
+    tail -5 "$work/loaded.err" >"$work/loaded.failed"
 fi
 
 meta finished "$(date -u '+%H:%M:%S')"

@@ -9,15 +9,18 @@
 # request also opens and closes a gomux stream and a TCP connection at each end). It prints the
 # requests per second side by side with the ratios tunnel/direct and tunnel/relay for every
 # command, and checks that a value of several MiB, stored and read back through the tunnel with
-# redis-cli, comes back byte for byte.
+# redis-cli, comes back byte for byte. With --go, the same runs go through a tunnel of Go gomux
+# too (`gomux-go-peer tunnel entry|exit`, tests/interop/go/tunnel.go: one Go gomux session from
+# its entry to its exit, every client a stream), and a table sets it beside the Rust tunnel.
 #
 # usage: scripts/redis-tunnel.sh [--quick] [--requests N] [--clients N] [--connections K]
-#                                [--tests LIST]
+#                                [--tests LIST] [--go]
 #   --quick          10000 requests per command instead of 100000 (for CI)
 #   --requests N     requests per command (redis-benchmark -n)
 #   --clients N      parallel connections (redis-benchmark -c), default 50
 #   --connections K  gomux connections from the tunnel's entry to its exit, default 1
 #   --tests LIST     only these commands (redis-benchmark -t), e.g. set,get
+#   --go             also through a Go gomux tunnel (needs Go and ../shared/gomux-go)
 #
 # Needs redis-server, redis-cli and redis-benchmark (Debian: apt-get install -y redis-server
 # redis-tools) and cargo; installs nothing. Every process it starts is stopped when it exits.
@@ -30,15 +33,17 @@ requests=100000
 clients=50
 connections=1
 tests=""
+go_tunnel=false
 value_bytes=$((8 * 1024 * 1024))
 
 usage() {
-    sed -n '/^# usage:/,/^#   --tests/s/^# \{0,1\}//p' "$0"
+    sed -n '/^# usage:/,/^#   --go/s/^# \{0,1\}//p' "$0"
 }
 
 while (($#)); do
     case "$1" in
     --quick) requests=10000 ;;
+    --go) go_tunnel=true ;;
     --requests | --clients | --connections | --tests)
         if (($# < 2)); then
             echo "error: $1 needs a value" >&2
@@ -132,6 +137,33 @@ await_log "$work/relay-far.log" "relay listening"
 pids+=($!)
 await_pong "$relay_near_port" "the relays"
 
+# The Go gomux tunnel, the same shape: client -> Go entry -> one Go gomux session -> Go exit.
+if $go_tunnel; then
+    go=$(command -v go || true)
+    if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then
+        go=/usr/local/go/bin/go
+    fi
+    [ -n "$go" ] || { echo "error: --go needs the go command" >&2; exit 1; }
+    [ -f ../shared/gomux-go/mux.go ] ||
+        { echo "error: --go needs the Go gomux source in ../shared/gomux-go" >&2; exit 1; }
+    mkdir -p "${CARGO_TARGET_DIR:-target}/gomux-go-peer"
+    go_peer=$(cd "${CARGO_TARGET_DIR:-target}/gomux-go-peer" && pwd)/gomux-go-peer
+    echo "==> go build -o $go_peer (tests/interop/go)"
+    (cd tests/interop/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local "$go" build -o "$go_peer" .)
+    go_exit_port=$(free_port)
+    go_entry_port=$(free_port)
+    "$go_peer" tunnel exit -listen "127.0.0.1:$go_exit_port" -target "127.0.0.1:$redis_port" \
+        >"$work/go-exit.log" 2>&1 &
+    pids+=($!)
+    go_exit_pid=$!
+    await_log "$work/go-exit.log" "tunnel exit listening"
+    "$go_peer" tunnel entry -listen "127.0.0.1:$go_entry_port" -exit "127.0.0.1:$go_exit_port" \
+        >"$work/go-entry.log" 2>&1 &
+    pids+=($!)
+    go_entry_pid=$!
+    await_pong "$go_entry_port" "the Go tunnel's entry"
+fi
+
 echo
 echo "machine:  $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores"
 echo "redis:    $(redis-server --version)"
@@ -200,11 +232,44 @@ bench tunnel-k1 "$entry_port" 1
 bench direct-k0 "$redis_port" 0
 bench relay-k0 "$relay_near_port" 0
 bench tunnel-k0 "$entry_port" 0
+if $go_tunnel; then
+    bench go-k1 "$go_entry_port" 1
+    bench go-k0 "$go_entry_port" 0
+fi
 
 echo
 echo "==> results: -n $requests -c $clients${tests:+ -t $tests}, requests per second"
 compare "keep-alive connections (-k 1):" direct-k1 relay-k1 tunnel-k1
 compare "a new connection per request (-k 0):" direct-k0 relay-k0 tunnel-k0
+
+# compare_go TITLE RELAY TUNNEL GO: the Rust tunnel beside the Go gomux one, and the relays.
+compare_go() {
+    echo
+    echo "$1"
+    awk -F': ' '
+        function rate(text) { split(text, words, " "); return words[1] }
+        FILENAME == ARGV[1] { relay[$1] = rate($2) }
+        FILENAME == ARGV[2] { tunnel[$1] = rate($2) }
+        FILENAME == ARGV[3] { order[++n] = $1; go[$1] = rate($2) }
+        END {
+            printf "| %-36s | %11s | %11s | %11s | %9s |\n", "command", "relay rps",
+                "rust rps", "go rps", "rust÷go"
+            printf "|%s|%s|%s|%s|%s|\n", "--------------------------------------",
+                "------------:", "------------:", "------------:", "----------:"
+            for (i = 1; i <= n; i++) {
+                c = order[i]
+                if (!(c in tunnel) || !(c in relay) || go[c] <= 0) continue
+                printf "| %-36s | %11.0f | %11.0f | %11.0f | %9.2f |\n", c, relay[c], tunnel[c],
+                    go[c], tunnel[c] / go[c]
+            }
+        }' "$work/$2.txt" "$work/$3.txt" "$work/$4.txt"
+}
+if $go_tunnel; then
+    compare_go "the Rust tunnel and a Go gomux tunnel, keep-alive connections (-k 1):" \
+        relay-k1 tunnel-k1 go-k1
+    compare_go "the Rust tunnel and a Go gomux tunnel, a new connection per request (-k 0):" \
+        relay-k0 tunnel-k0 go-k0
+fi
 # All the processes share the machine's cores: where the time went.
 cpu_seconds() {
     awk -v tick="$(getconf CLK_TCK)" '{ printf "%.1f s", ($14 + $15) / tick }' "/proc/$1/stat"
@@ -212,6 +277,10 @@ cpu_seconds() {
 echo
 echo "CPU time used: redis-server $(cpu_seconds "$redis_pid"), tunnel entry" \
     "$(cpu_seconds "$entry_pid"), tunnel exit $(cpu_seconds "$exit_pid")"
+if $go_tunnel; then
+    echo "CPU time used by the Go tunnel: entry $(cpu_seconds "$go_entry_pid"), exit" \
+        "$(cpu_seconds "$go_exit_pid")"
+fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---------------------------------------------------------------------------------------------

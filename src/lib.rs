@@ -474,6 +474,9 @@ mod pool;
 mod session;
 mod stats;
 pub mod stream;
+#[cfg(feature = "tcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tcp")))]
+pub mod tcp;
 mod trace;
 
 pub use crate::config::{Config, Role};

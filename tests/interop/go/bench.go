@@ -9,6 +9,7 @@ package main
 //	bench rtt     (-connect ADDR | -listen ADDR | -pair) [-size B] [-count N] [-warmup N] [-raw]
 //	bench many    (-connect ADDR | -listen ADDR | -pair) [-streams N] [-bytes B] [-bulk N]
 //	bench digest  [-streams K] [-bytes N | -file PATH] [-chunk C]
+//	bench loaded  (-listen ADDR | -connect ADDR) [-seconds S] [-warmup S] [-notsent-lowat N]
 //
 // send and receive are the two ends of the speed tool's transfer (examples/speed.rs): the
 // sender opens K streams one after the other, each writing its share of the content in writes
@@ -74,8 +75,10 @@ func benchMain(mode string, args []string) error {
 		return benchMany(args)
 	case "digest":
 		return benchDigest(args)
+	case "loaded":
+		return benchLoaded(args)
 	}
-	return fmt.Errorf("unknown bench mode %q (send, receive, echo, rtt, many or digest)", mode)
+	return fmt.Errorf("unknown bench mode %q (send, receive, echo, rtt, many, digest or loaded)", mode)
 }
 
 // benchEnd is where a bench run's connection comes from: the -listen/-connect endpoint, or,

@@ -5,6 +5,7 @@
 //	gomux-go-peer scenario NAME (-listen ADDR | -connect ADDR) [flags]
 //	gomux-go-peer bench    MODE (-listen ADDR | -connect ADDR) [flags]
 //	gomux-go-peer fault    MODE (-listen ADDR | -connect ADDR) [flags]
+//	gomux-go-peer tunnel   (entry | exit) -listen ADDR (-exit ADDR | -target ADDR)
 //
 // With -listen the program prints "listening HOST:PORT" on a line of its own once it listens,
 // accepts one connection and is the gomux server; with -connect it dials and is the gomux
@@ -29,6 +30,8 @@ func main() {
 		err = benchMain(os.Args[2], os.Args[3:])
 	case "fault":
 		err = faultMain(os.Args[2], os.Args[3:])
+	case "tunnel":
+		err = tunnelMain(os.Args[2], os.Args[3:])
 	default:
 		usage()
 	}
@@ -39,6 +42,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: gomux-go-peer (scenario NAME | bench MODE | fault MODE) (-listen ADDR | -connect ADDR) [flags]")
+	fmt.Fprintln(os.Stderr, "usage: gomux-go-peer (scenario NAME | bench MODE | fault MODE | tunnel ROLE) (-listen ADDR | -connect ADDR) [flags]")
 	os.Exit(2)
 }
