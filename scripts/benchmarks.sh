@@ -19,7 +19,8 @@
 #
 # The order of the rows turns from round to round. After the rounds, once each: Redis through
 # the tunnel example with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), perf profiles
-# of the 1-stream and the 1000-stream transfer, and the allocation counts of tests/alloc.rs.
+# of the 1-stream and the 1000-stream transfer, the allocation counts of tests/alloc.rs, and
+# the memory of 10,000 idle sessions beside Go gomux's (benches/idle_sessions.rs).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
@@ -56,6 +57,7 @@ iperf_seconds=3
 rtt_count=100000
 rtt_criterion=()
 many_streams=8192
+idle_sessions=10000
 redis=true
 redis_connections="1 2 4"
 redis_requests=50000
@@ -91,6 +93,7 @@ while (($#)); do
         profile_bytes_one=1G
         profile_bytes_many=512M
         alloc_build=()
+        idle_sessions=1000
         ;;
     --no-redis) redis=false ;;
     --rounds | --output | --notes)
@@ -154,6 +157,7 @@ peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
 (cd tests/interop/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local "$go" build -o "$peer" .)
 cargo build --release --example speed --example many_streams >&2
 cargo bench --bench latency --no-run >&2
+cargo bench --bench idle_sessions --no-run >&2
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
 "$speed" --help | grep -q -- --no-verify || fail "$speed has no --no-verify option"
@@ -472,6 +476,16 @@ echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2
 shown alloc "${alloc_test[*]}"
 if ! "${alloc_test[@]}" >"$work/alloc.txt" 2>"$work/alloc.err"; then
     echo "failed" >"$work/alloc.failed"
+fi
+
+# Idle sessions, one connection each: resident bytes per session end, this crate's and Go
+# gomux's (the bench runs the Go peer itself), in idle-sessions.txt.
+idle_bench=(cargo bench --bench idle_sessions -- --sessions "$idle_sessions")
+echo "idle sessions: ${idle_bench[*]} ($(date -u +%H:%M:%S))" >&2
+shown idle-sessions "${idle_bench[*]}"
+if ! GOMUX_REQUIRE_GO=1 "${idle_bench[@]}" >"$work/idle-sessions.txt" 2>"$work/idle-sessions.err"; then
+    echo "failed" >"$work/idle-sessions.failed"
+    tail -5 "$work/idle-sessions.err" >&2
 fi
 
 meta finished "$(date -u '+%H:%M:%S')"
