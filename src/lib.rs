@@ -180,8 +180,15 @@
 //! | [`close_timeout`](Config::close_timeout) | 10 s | how long a closing session tries to flush, and waits for the peer to close |
 //! | [`write_stall_timeout`](Config::write_stall_timeout) | off | how long the transport may take nothing of what waits for it |
 //!
-//! An idle stream costs about 220 bytes per end, handles included, and holds no buffer until
-//! data arrives.
+//! An idle stream costs about 250 bytes per end, handles included, and holds no buffer until
+//! data arrives (249 bytes with 8192 streams on one session: `cargo run --release --example
+//! many_streams`). A session that has read and written nothing for a second gives back its read
+//! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state: an
+//! idle session end with one idle stream costs 3,718 to 3,850 bytes resident, its socket's
+//! registration with tokio and its driver task included, against Go gomux's 26,590
+//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, three runs), and
+//! 2,412 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
+//! pipe). See [`Config`], "Memory bounds".
 //!
 //! With a Go peer, start from [`Config::go_peer`]: the defaults with the windows kept at 64 KiB
 //! (see the next section).
