@@ -11,6 +11,7 @@ WORK_DIR holds what the measuring script wrote:
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
 - alloc.txt: the output of the allocation test (alloc.failed if it failed);
 - loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
+- idle-sessions.txt: the output of benches/idle_sessions.rs (idle-sessions.failed if it failed).
 
 NOTES_FILE (may be empty: no notes) is Markdown included as it is. Every figure printed comes
 from these files; the text around them holds none of its own.
@@ -31,6 +32,8 @@ TARGET_ECHO = 4.0
 TARGET_REDIS = 1.0
 TARGET_IDLE = 256
 TARGET_ALLOC = 0.0
+TARGET_IDLE_SESSION = 2048
+TARGET_IDLE_SESSION_GO = 10.0
 
 
 class Run:
@@ -240,6 +243,13 @@ def main():
         if m:
             allocs.append((m[1], int(m[2]), m[3], int(m[4]), float(m[5]), int(m[6])))
     allocs.sort()
+    idle_sessions = []  # (implementation, sessions, resident per end, heap per end or None)
+    for line in (run.file("idle-sessions.txt") or "").splitlines():
+        m = re.match(r"idle: (\w+) (\d+) sessions, ([0-9.]+) bytes resident per session end"
+                     r"(?: \(heap in use ([0-9.]+)\))?", line)
+        if m:
+            idle_sessions.append((m[1], int(m[2]), float(m[3]), None if m[4] is None else float(m[4])))
+    idle_by = {w: r for w, _, r, _ in idle_sessions}
 
     out(
         "# Benchmarks",
@@ -322,6 +332,16 @@ def main():
     target(
         f"≤ {TARGET_IDLE} bytes per idle stream end", idle, TARGET_IDLE, False,
         None if idle is None else f"{idle:.0f} bytes",
+    )
+    rust_idle, go_idle = idle_by.get("rust"), idle_by.get("go")
+    target(
+        f"≤ {TARGET_IDLE_SESSION} bytes resident per idle session end", rust_idle, TARGET_IDLE_SESSION, False,
+        None if rust_idle is None else f"{rust_idle:.0f} bytes",
+    )
+    idle_ratio = go_idle / rust_idle if rust_idle and go_idle is not None else None
+    target(
+        f"idle session end ≥ {TARGET_IDLE_SESSION_GO:.0f} × smaller than Go gomux's (resident)", idle_ratio,
+        TARGET_IDLE_SESSION_GO, True, None if idle_ratio is None else f"{idle_ratio:.1f} ×",
     )
     frames = [a for a in allocs if "frames" in a[2]]
     if frames:
@@ -472,6 +492,24 @@ def main():
                   [[c, f"{u} {w}", str(a), f"{p:g}", str(b)] for c, u, w, a, p, b in allocs]),
             "",
         )
+    else:
+        out("It printed no figures.", "")
+
+    # --- Idle sessions -----------------------------------------------------------------------
+    section(run, "Idle sessions",
+            ["Sessions, one loopback connection each, with one stream that moved a 16-byte message, left",
+             "idle for 3 s; resident memory per session end after each runtime gave its free memory back",
+             "(glibc `malloc_trim(0)`, Go's `debug.FreeOSMemory()`). The bench runs the Go peer's",
+             "`bench idle` in the same setup (one process, or two when the open-files limit is short):"],
+            ["idle-sessions"])
+    if run.file("idle-sessions.failed") is not None:
+        out("The bench failed; what it printed:", "")
+    if idle_sessions:
+        out(table(["implementation", "sessions", "bytes resident per session end", "heap in use per session end"],
+                  [[w, str(n), f"{r:.0f}", "–" if h is None else f"{h:.0f}"] for w, n, r, h in idle_sessions]), "")
+        comments = [line[2:] for line in (run.file("idle-sessions.txt") or "").splitlines() if line.startswith("# ")]
+        if comments:
+            out(code_block("\n".join(comments)), "")
     else:
         out("It printed no figures.", "")
 

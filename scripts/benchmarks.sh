@@ -22,6 +22,7 @@
 # of the 1-stream and the 1000-stream transfer, the allocation counts of tests/alloc.rs, and
 # latency under load over an emulated link (benches/latency_under_load.rs: a ping every 10 ms
 # beside a bulk stream of the same session, gomux, two TCP connections, Go gomux and yamux).
+# the memory of 10,000 idle sessions beside Go gomux's (benches/idle_sessions.rs).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
@@ -58,6 +59,7 @@ iperf_seconds=3
 rtt_count=100000
 rtt_criterion=()
 many_streams=8192
+idle_sessions=10000
 redis=true
 redis_connections="1 2 4"
 redis_requests=50000
@@ -96,6 +98,7 @@ while (($#)); do
         profile_bytes_many=512M
         alloc_build=()
         loaded_options=(--quick)
+        idle_sessions=1000
         ;;
     --no-redis) redis=false ;;
     --rounds | --output | --notes)
@@ -160,6 +163,7 @@ peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
 cargo build --release --example speed --example many_streams >&2
 cargo bench --bench latency --no-run >&2
 cargo bench --features tcp --bench latency_under_load --no-run >&2
+cargo bench --bench idle_sessions --no-run >&2
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
 "$speed" --help | grep -q -- --no-verify || fail "$speed has no --no-verify option"
@@ -486,6 +490,16 @@ echo "latency under load: ${loaded[*]} ($(date -u +%H:%M:%S))" >&2
 shown loaded "${loaded[*]}"
 if ! "${loaded[@]}" >"$work/loaded.txt" 2>"$work/loaded.err"; then
     tail -5 "$work/loaded.err" >"$work/loaded.failed"
+fi
+
+# Idle sessions, one connection each: resident bytes per session end, this crate's and Go
+# gomux's (the bench runs the Go peer itself), in idle-sessions.txt.
+idle_bench=(cargo bench --bench idle_sessions -- --sessions "$idle_sessions")
+echo "idle sessions: ${idle_bench[*]} ($(date -u +%H:%M:%S))" >&2
+shown idle-sessions "${idle_bench[*]}"
+if ! GOMUX_REQUIRE_GO=1 "${idle_bench[@]}" >"$work/idle-sessions.txt" 2>"$work/idle-sessions.err"; then
+    echo "failed" >"$work/idle-sessions.failed"
+    tail -5 "$work/idle-sessions.err" >&2
 fi
 
 meta finished "$(date -u '+%H:%M:%S')"

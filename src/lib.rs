@@ -241,6 +241,14 @@
 //!   counts capacity the maps and vectors reserved and have not touched yet, which the
 //!   resident set does not.
 //!
+//! A session that has read and written nothing for a second gives back its read
+//! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state: an
+//! idle session end with one idle stream costs 3,718 to 3,850 bytes resident, its socket's
+//! registration with tokio and its driver task included, against Go gomux's 26,590
+//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, three runs), and
+//! 2,412 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
+//! pipe). See [`Config`], "Memory bounds".
+//!
 //! With a Go peer, start from [`Config::go_peer`]: the defaults with the windows kept at 64 KiB
 //! (see the next section).
 //!

@@ -24,6 +24,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::core::recv_buf::{Payload, PIN_MIN};
 use super::core::{Batch, PeerKind, Shared};
+use super::linger::Linger;
 use super::out_queue::{Cursor, OutQueue, MAX_SLICES};
 use super::read_buf::ReadBuffer;
 use crate::codec::FrameCodec;
@@ -58,6 +59,8 @@ pub struct Connection<T> {
     shared: Arc<Shared>,
     codec: FrameCodec,
     read_buf: ReadBuffer,
+    /// When the session has gone quiet and gives its buffers back.
+    linger: Linger,
     /// The batch being written: its control frames, written first…
     control_buf: Vec<u8>,
     control_done: usize,
@@ -240,6 +243,7 @@ where
             shared,
             codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
             read_buf: ReadBuffer::new(),
+            linger: Linger::new(),
             control_buf: Vec::new(),
             control_done: 0,
             write_buf: OutQueue::new(),
@@ -378,6 +382,7 @@ where
                     if n == space {
                         self.read_buf.filled();
                     }
+                    self.linger.touch(Instant::now());
                     n
                 }
                 Poll::Ready(Err(e)) => {
@@ -629,6 +634,7 @@ where
         self.unflushed = true;
         self.stall_armed = false;
         let now = Instant::now();
+        self.linger.touch(now);
         if let Some(keepalive) = &mut self.keepalive {
             keepalive.last = now;
         }
@@ -709,6 +715,22 @@ where
             drop(inner);
             self.wake_collected();
         }
+    }
+
+    /// The session has been quiet for the linger: gives back every buffer that holds nothing
+    /// (see `session::linger`).
+    fn release_buffers(&mut self) {
+        self.read_buf.release();
+        if self.batch_written() {
+            self.write_buf.release();
+            self.written = Cursor::default();
+            self.control_buf = Vec::new();
+            self.control_done = 0;
+            self.boundaries = VecDeque::new();
+            self.large_batch_at = None;
+        }
+        self.wakers = Vec::new();
+        self.shared.lock().release_buffers();
     }
 
     // -----------------------------------------------------------------------------------------
@@ -886,6 +908,9 @@ where
             this.check_end();
             if this.phase != Phase::Active {
                 continue;
+            }
+            if this.linger.poll_quiet(cx) {
+                this.release_buffers();
             }
             if more_to_read {
                 cx.waker().wake_by_ref();

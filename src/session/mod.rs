@@ -2,6 +2,7 @@
 
 pub(crate) mod core;
 mod driver;
+mod linger;
 mod out_queue;
 mod read_buf;
 

@@ -39,19 +39,23 @@ pub(crate) struct ReadBuffer {
     last_switch: Option<Instant>,
     /// The current buffer's number and size, for the core's account of pinned buffers.
     source: Source,
+    /// No buffer is allocated: none yet, or it was given back while the session was quiet.
+    released: bool,
 }
 
 impl ReadBuffer {
     pub(crate) fn new() -> ReadBuffer {
         ReadBuffer {
-            buf: BytesMut::with_capacity(MIN_SPACE),
+            // Allocated by the first read (see `prepare`).
+            buf: BytesMut::new(),
             spares: Vec::new(),
             size: MIN_SPACE,
             last_switch: None,
             source: Source {
                 generation: 0,
-                capacity: MIN_SPACE,
+                capacity: 0,
             },
+            released: true,
         }
     }
 
@@ -72,6 +76,15 @@ impl ReadBuffer {
     /// Makes room for the next read, and for the `missing` rest of a partial frame so that
     /// decoding it needs no reallocation; returns how much room there is.
     pub(crate) fn prepare(&mut self, missing: usize) -> usize {
+        if self.released {
+            // Given back while the session was quiet: start again as a new session does, not
+            // with a buffer sized for the largest partial frame (a session woken by a
+            // keepalive reads 8 bytes).
+            self.released = false;
+            self.buf = BytesMut::with_capacity(MIN_SPACE.max(missing));
+            self.next_source();
+            return self.space();
+        }
         let room = self.size.max(missing);
         if self.space() < MIN_SPACE.max(missing) && !self.buf.try_reclaim(room) {
             self.switch(room);
@@ -97,6 +110,38 @@ impl ReadBuffer {
         }
     }
 
+    /// Gives the buffers back to the allocator: the session has gone quiet (see
+    /// `session::linger`). A partial frame keeps only its own bytes, in a buffer of their size;
+    /// the next read starts at `MIN_SPACE`, as a new session's does. Slices already handed to
+    /// streams keep their buffer alive until they are read, as always.
+    pub(crate) fn release(&mut self) {
+        self.spares = Vec::new();
+        self.last_switch = None;
+        self.size = MIN_SPACE;
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+            self.released = true;
+            self.next_source();
+        } else if self.buf.capacity() > self.buf.len() {
+            self.buf = BytesMut::from(&self.buf[..]);
+            self.next_source();
+        }
+    }
+
+    /// Bytes held: the current buffer and the spares, for tests.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.buf.capacity() + self.spares.iter().map(BytesMut::capacity).sum::<usize>()
+    }
+
+    /// The current buffer is a new one: payloads decoded from now on pin it, not the last.
+    fn next_source(&mut self) {
+        self.source = Source {
+            generation: self.source.generation.wrapping_add(1),
+            capacity: self.buf.capacity(),
+        };
+    }
+
     fn space(&self) -> usize {
         self.buf.capacity() - self.buf.len()
     }
@@ -112,13 +157,10 @@ impl ReadBuffer {
             // Sized for the largest partial frame, so that any spare can serve any switch.
             None => BytesMut::with_capacity(need.max(self.size + PARTIAL_MAX)),
         };
-        self.source = Source {
-            generation: self.source.generation.wrapping_add(1),
-            capacity: next.capacity(),
-        };
         next.extend_from_slice(&self.buf);
         self.last_switch = Some(Instant::now());
         let mut retired = std::mem::replace(&mut self.buf, next);
+        self.next_source();
         retired.clear();
         if self.spares.len() == SPARES {
             self.spares.remove(0);
@@ -162,6 +204,39 @@ mod tests {
         let room = buffer.prepare(0);
         assert!(room >= MIN_SPACE);
         assert_eq!(&buffer.get_mut()[..], &[7, 7, 7]);
+    }
+
+    #[test]
+    fn release_keeps_only_a_partial_frame_and_starts_small_again() {
+        let mut buffer = ReadBuffer::new();
+        assert_eq!(
+            buffer.capacity(),
+            0,
+            "nothing is allocated before the first read"
+        );
+        fill(&mut buffer, 100);
+        // Whole frames were decoded; three bytes of the next one wait for the rest.
+        drop(buffer.get_mut().split_to(97));
+        let before = buffer.source().generation;
+        buffer.release();
+        assert_eq!(buffer.capacity(), 3);
+        assert_ne!(
+            buffer.source().generation,
+            before,
+            "a new buffer, for the pin ledger"
+        );
+        let room = buffer.prepare(PARTIAL_MAX);
+        assert!(room >= PARTIAL_MAX);
+        assert_eq!(&buffer.get_mut()[..], &[7, 7, 7]);
+
+        buffer.get_mut().clear();
+        buffer.release();
+        assert_eq!(buffer.capacity(), 0);
+        assert_eq!(
+            buffer.prepare(0),
+            MIN_SPACE,
+            "a woken session reads as a new one does"
+        );
     }
 
     #[tokio::test(start_paused = true)]

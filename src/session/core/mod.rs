@@ -162,7 +162,9 @@ impl Inner {
             min_rtt: None,
             stats: Stats::default(),
             write_waits: WriteWaits::default(),
-            // Its full size at once: a few hundred bytes, and no allocation when it fills.
+            // Its full size at once: 2 KiB, and no allocation when it fills. Given back with
+            // the buffers when the session goes quiet (`release_buffers`), and made again when
+            // a stream next gives its buffer back.
             tail_pool: Vec::with_capacity(TAIL_POOL),
             pins: PinLedger::default(),
             window_budget: config.receive_window_budget,
@@ -262,6 +264,18 @@ impl Inner {
     pub(crate) fn set_driver_waker(&mut self, waker: &Waker, writing: bool) {
         stream_state::register(&mut self.driver_waker, waker);
         self.driver_writing = writing;
+    }
+
+    /// Gives back the buffers kept for reuse, and the capacity of the queues that are empty:
+    /// the session has gone quiet (see `session::linger`). What holds data keeps it.
+    pub(crate) fn release_buffers(&mut self) {
+        self.out.release_empty();
+        self.streams.shrink();
+        self.accept_waiters.shrink();
+        self.tail_pool = Vec::new();
+        if self.accept_queue.is_empty() {
+            self.accept_queue = VecDeque::new();
+        }
     }
 
     /// Whether the driver has to be woken after a handle operation: output is waiting, the

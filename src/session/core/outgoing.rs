@@ -684,3 +684,29 @@ impl Inner {
         }
     }
 }
+
+impl Outgoing {
+    /// Gives back the capacity of every queue that is empty: the session has gone quiet (see
+    /// `session::linger`). Queues still holding something keep it.
+    pub(super) fn release_empty(&mut self) {
+        if self.data.is_empty() && self.boundaries.is_empty() {
+            self.data.release();
+            self.boundaries = VecDeque::new();
+        }
+        if self.control.is_empty() {
+            self.control = VecDeque::new();
+        }
+        if self.room.is_empty() {
+            self.room = VecDeque::new();
+        }
+        if self.flush_data.is_empty() {
+            self.flush_data = BinaryHeap::new();
+        }
+        if self.flush_control.is_empty() {
+            self.flush_control = BinaryHeap::new();
+        }
+        if self.openers.len() == 0 {
+            self.openers = Slab::new();
+        }
+    }
+}

@@ -279,6 +279,11 @@ impl RecvBuffer {
         let mut tail = std::mem::take(&mut self.tail);
         tail.clear();
         if pool.len() < TAIL_POOL && tail.try_reclaim(TAIL_MIN) {
+            if pool.capacity() == 0 {
+                // Given back while the session was quiet (`Inner::release_buffers`): made again
+                // at its full size, so that it does not grow while traffic lasts.
+                pool.reserve_exact(TAIL_POOL);
+            }
             pool.push(tail);
         }
     }

@@ -46,6 +46,26 @@ impl<T> Slab<T> {
         key
     }
 
+    /// Gives back the room no entry uses: vacant entries at the end, and capacity beyond the
+    /// last entry (a session's first stream makes room for four). Keys of the entries left are
+    /// unchanged.
+    pub(crate) fn shrink(&mut self) {
+        while matches!(self.entries.last(), Some(Entry::Vacant { .. })) {
+            self.entries.pop();
+        }
+        // The free list may name entries just dropped: thread it again through those left,
+        // lowest key first, ending past the last entry as an empty list does.
+        let mut next = self.entries.len();
+        for (key, entry) in self.entries.iter_mut().enumerate().rev() {
+            if let Entry::Vacant { next_free } = entry {
+                *next_free = next;
+                next = key;
+            }
+        }
+        self.next_free = next;
+        self.entries.shrink_to_fit();
+    }
+
     pub(crate) fn get(&self, key: usize) -> Option<&T> {
         match self.entries.get(key) {
             Some(Entry::Occupied(value)) => Some(value),
@@ -104,5 +124,34 @@ mod tests {
         assert_eq!(slab.get(c), Some(&'c'));
         assert_eq!(slab.len(), 2);
         assert_eq!(slab.iter_mut().count(), 2);
+    }
+
+    #[test]
+    fn shrinking_keeps_keys_and_the_free_list() {
+        let mut slab = Slab::new();
+        let keys: Vec<usize> = (0..6).map(|i| slab.insert(i)).collect();
+        for &key in &[keys[1], keys[4], keys[5], keys[3]] {
+            slab.remove(key);
+        }
+        slab.shrink();
+        // Entries 3 to 5 were vacant at the end and are gone; 1 is still vacant.
+        assert_eq!(slab.entries.len(), 3);
+        assert_eq!(slab.entries.capacity(), 3);
+        assert_eq!(slab.get(keys[0]), Some(&0));
+        assert_eq!(slab.get(keys[2]), Some(&2));
+        assert_eq!(slab.get(keys[4]), None);
+        assert_eq!(slab.insert(10), keys[1], "the vacant entry is reused first");
+        assert_eq!(slab.insert(11), 3, "then the slab grows again");
+        assert_eq!(slab.len(), 4);
+
+        let mut one = Slab::new();
+        let key = one.insert('a');
+        one.shrink();
+        assert_eq!(
+            one.entries.capacity(),
+            1,
+            "a session's one stream keeps one entry"
+        );
+        assert_eq!(one.get(key), Some(&'a'));
     }
 }

@@ -30,6 +30,11 @@ impl WaitList {
         }
     }
 
+    /// Gives back the room of slots nobody holds (the session has gone quiet).
+    pub(crate) fn shrink(&mut self) {
+        self.waiters.shrink();
+    }
+
     /// Gives up the future's slot (when it is dropped or done waiting).
     pub(crate) fn remove(&mut self, slot: &mut Option<usize>) {
         if let Some(key) = slot.take() {

@@ -8,6 +8,7 @@ package main
 //	bench echo    (-listen ADDR | -connect ADDR) [-raw]
 //	bench rtt     (-connect ADDR | -listen ADDR | -pair) [-size B] [-count N] [-warmup N] [-raw]
 //	bench many    (-connect ADDR | -listen ADDR | -pair) [-streams N] [-bytes B] [-bulk N]
+//	bench idle    (-connect ADDR | -listen ADDR | -pair) [-sessions N] [-idle D]
 //	bench digest  [-streams K] [-bytes N | -file PATH] [-chunk C]
 //	bench loaded  (-listen ADDR | -connect ADDR) [-seconds S] [-warmup S] [-notsent-lowat N]
 //
@@ -23,7 +24,8 @@ package main
 //
 // echo and rtt are the latency bench (benches/latency.rs): a 64-byte message and its echo on
 // one stream, one at a time. many is examples/many_streams.rs: N idle streams (memory per
-// stream end), one bulk stream beside them, then N streams each echoing B bytes.
+// stream end), one bulk stream beside them, then N streams each echoing B bytes. idle is
+// benches/idle_sessions.rs: N sessions, one connection each, idle (memory per session end).
 //
 // With -pair the program runs both ends itself, over a loopback TCP connection of its own (the
 // receiver also takes the sender's flags then), as the Rust measurements do: one process, its
@@ -38,6 +40,7 @@ package main
 //	idle: N streams, H bytes per stream end (heap in use; resident set R)
 //	bulk: 1 stream, M MiB beside N idle streams in T ms (R MiB/s)
 //	echo: N streams x B bytes in T ms                           (many)
+//	idle-sessions: ROLE N sessions, R bytes resident per session end (heap in use H)   (idle)
 //	digest streams=K bytes=N digest=HEX                         (digest)
 //
 // A digest is 16 hex digits: the per-stream (length, hash) pairs, sorted, folded into one
@@ -77,8 +80,10 @@ func benchMain(mode string, args []string) error {
 		return benchDigest(args)
 	case "loaded":
 		return benchLoaded(args)
+	case "idle":
+		return benchIdle(args)
 	}
-	return fmt.Errorf("unknown bench mode %q (send, receive, echo, rtt, many, digest or loaded)", mode)
+	return fmt.Errorf("unknown bench mode %q (send, receive, echo, rtt, many, digest, loaded or idle)", mode)
 }
 
 // benchEnd is where a bench run's connection comes from: the -listen/-connect endpoint, or,

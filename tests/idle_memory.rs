@@ -1,0 +1,171 @@
+//! An idle session end gives its buffers back, and wakes up correctly.
+//!
+//! A session that has read and written nothing for a second gives back its read buffer, its
+//! outgoing queues and its pool of stream buffers (src/session/linger.rs). These tests hold a
+//! session of this crate against a scripted peer that writes raw frames into an in-memory
+//! pipe, on tokio's paused clock, and count the bytes the test's thread has allocated and not
+//! freed (tests/counting): the session's, its driver task's, its stream's and the pipe's.
+//!
+//! Then the session must answer its next frame whatever its size: a 64 KiB Data frame arriving
+//! after the release, and one whose first part arrived before the release and the rest after.
+
+mod common;
+mod counting;
+
+use std::time::Duration;
+
+use common::within;
+use gomux::{Session, Stream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+/// Longer than the session's linger (one second), so that it has gone quiet.
+const QUIET: Duration = Duration::from_secs(2);
+/// What the session end holds once quiet, the pipe and the stream included, at most. Measured
+/// at 2,412 bytes here (`cargo test --test idle_memory -- --nocapture`); before idle sessions
+/// gave their buffers back, 13,420 (an 8 KiB read buffer, a 4 KiB stream buffer kept for reuse
+/// and the 2 KiB list it was kept in).
+const IDLE_BOUND: usize = 3 * 1024;
+/// The pipe's buffer.
+const PIPE: usize = 4096;
+/// The largest Data payload.
+const FRAME: usize = 64 * 1024;
+
+const OPEN: u8 = 2;
+const DATA: u8 = 0;
+
+fn header(id: u32, length: usize, kind: u8) -> [u8; 8] {
+    let mut header = [0; 8];
+    header[..4].copy_from_slice(&id.to_le_bytes());
+    header[4..7].copy_from_slice(&(length as u32).to_le_bytes()[..3]);
+    header[7] = kind;
+    header
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// A server session, and the scripted client's end of the pipe after it opened stream 0 and
+/// moved one 16-byte message on it, which the session's application has read.
+async fn one_stream_that_moved_a_message() -> (Session, Stream, DuplexStream) {
+    // A small pipe, so that it holds little of what goes through it.
+    let (mut peer, io) = tokio::io::duplex(PIPE);
+    let session = Session::server(io);
+    peer.write_all(&header(0, 0, OPEN)).await.expect("open");
+    peer.write_all(&header(0, 16, DATA)).await.expect("header");
+    peer.write_all(&[9; 16]).await.expect("payload");
+    let mut stream = within("accept", session.accept()).await.expect("accept");
+    let mut message = [0; 16];
+    within("message", stream.read_exact(&mut message))
+        .await
+        .expect("message");
+    assert_eq!(message, [9; 16]);
+    (session, stream, peer)
+}
+
+/// Reads frames from the session until a Data frame, and returns its payload.
+async fn next_data(peer: &mut DuplexStream) -> Vec<u8> {
+    loop {
+        let mut header = [0; 8];
+        within("header", peer.read_exact(&mut header))
+            .await
+            .expect("header");
+        if header[7] != DATA {
+            continue;
+        }
+        let length = u32::from_le_bytes([header[4], header[5], header[6], 0]) as usize;
+        let mut payload = vec![0; length];
+        within("payload", peer.read_exact(&mut payload))
+            .await
+            .expect("payload");
+        return payload;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_end_gives_its_buffers_back() {
+    counting::start_counting();
+    let (session, stream, peer) = one_stream_that_moved_a_message().await;
+    let busy = counting::live();
+    tokio::time::sleep(QUIET).await;
+    let idle = counting::live();
+    println!("one session end with one stream: {busy} bytes while busy, {idle} once quiet");
+    assert!(
+        busy > 8 * 1024,
+        "a session that just read holds its read buffer ({busy} bytes)"
+    );
+    assert!(
+        idle <= IDLE_BOUND,
+        "an idle session end holds {idle} bytes, more than {IDLE_BOUND}"
+    );
+    drop((session, stream, peer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_frame_after_the_release_is_read_whole() {
+    counting::start_counting();
+    let (session, mut stream, mut peer) = one_stream_that_moved_a_message().await;
+    tokio::time::sleep(QUIET).await;
+    assert!(
+        counting::live() <= IDLE_BOUND,
+        "the buffers were given back"
+    );
+
+    // The largest frame the peer may send, in one write.
+    let payload = pattern(FRAME);
+    let mut frame = header(0, FRAME, DATA).to_vec();
+    frame.extend_from_slice(&payload);
+    within("frame", peer.write_all(&frame))
+        .await
+        .expect("frame");
+    let mut received = vec![0; FRAME];
+    within("read", stream.read_exact(&mut received))
+        .await
+        .expect("read");
+    assert!(received == payload, "the payload arrived intact");
+
+    // The session writes again too.
+    within("write", stream.write_all(b"after the quiet"))
+        .await
+        .expect("write");
+    within("flush", stream.flush()).await.expect("flush");
+    assert_eq!(next_data(&mut peer).await, b"after the quiet");
+    drop(session);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_split_across_the_release_is_read_whole() {
+    let payload = pattern(FRAME);
+    let first = 30_000;
+    let mut part = header(0, FRAME, DATA).to_vec();
+    part.extend_from_slice(&payload[..first]);
+    let mut received = vec![0; FRAME];
+    counting::start_counting();
+    let (session, mut stream, mut peer) = one_stream_that_moved_a_message().await;
+    within("first part", peer.write_all(&part))
+        .await
+        .expect("first part");
+    // Let the session read the first part, then go quiet with it.
+    tokio::task::yield_now().await;
+    let busy = counting::live();
+    tokio::time::sleep(QUIET).await;
+    let held = counting::live();
+    println!("a partial frame of {first} bytes: {busy} bytes while busy, {held} once quiet");
+    assert!(
+        busy > FRAME,
+        "the session reads the frame into a buffer with room for all of it ({busy} bytes)"
+    );
+    assert!(
+        held <= first + PIPE + IDLE_BOUND,
+        "the session keeps the partial frame, not the buffer it was read into ({held} bytes)"
+    );
+
+    within("rest", peer.write_all(&payload[first..]))
+        .await
+        .expect("rest");
+    within("read", stream.read_exact(&mut received))
+        .await
+        .expect("read");
+    assert!(received == payload, "the payload arrived intact");
+    drop(session);
+}
