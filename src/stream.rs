@@ -211,13 +211,14 @@ impl Handle {
     /// stream's bytes, that frame included, are written, within the close timeout.
     async fn close_with(&self, close: fn(&mut Inner, usize)) -> Result<(), Error> {
         let limit = self.with_driver(|inner, key| {
-            // A session that has ended sends no close frame any more: the close did not
-            // happen on the wire, and the caller learns why.
-            if let Some(error) = inner.end_reason() {
-                return Err(error.clone());
-            }
+            // A session that has ended sends no close frame any more: the close takes effect
+            // here (reading stops) but did not happen on the wire, and the caller learns why.
+            let ended = inner.end_reason().cloned();
             close(inner, key);
-            Ok(inner.config.close_timeout)
+            match ended {
+                Some(error) => Err(error),
+                None => Ok(inner.config.close_timeout),
+            }
         })?;
         let flushed = poll_fn(|cx| {
             self.shared
