@@ -74,7 +74,7 @@ pub async fn run_relay(
 
 /// Relays between a TCP connection and a gomux stream until both directions are done, the
 /// other end has closed the stream both ways, or the session carrying the stream ends (see
-/// [`SessionEnd`]). See [`bridge`].
+/// [`SessionEnd`]). See `bridge`.
 ///
 /// When the session ends, the relay stops reading the TCP side, whose bytes could not be sent
 /// any more, but goes on writing what the stream still holds to it: when the other end
