@@ -12,6 +12,11 @@
 //! Only TLS 1.3 is offered: both ends are this program, and 1.3 keeps the client's certificate
 //! encrypted on the wire. The handshake completes before the gomux session starts, so nothing
 //! of the tunnel is reachable by an end that has not proven it holds the pinned key.
+//!
+//! What a connection buffers is rustls' to bound: records of at most 16 KiB, and 64 KiB of
+//! plaintext waiting to be encrypted (rustls' default `set_buffer_limit`), beside the gomux
+//! session's own bounds. How long a handshake may take, and how many may be in progress, is
+//! [`Handshakes`](crate::config::Handshakes)'.
 
 use std::fmt;
 use std::fs;
