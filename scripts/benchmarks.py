@@ -8,6 +8,7 @@ WORK_DIR holds what the measuring script wrote:
 - meta: "key<TAB>value" lines: the machine, the time, the commit and the commands run;
 - redis-K.txt: scripts/redis-tunnel.sh's output with K gomux connections (or redis-K.failed:
   why there is none);
+- security.txt: scripts/tunnel-security.sh's output (or security.failed: why there is none);
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
 - alloc.txt: the output of the allocation test (alloc.failed if it failed);
 - loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
@@ -143,6 +144,38 @@ def section(run, title, prose, commands, *tables):
     out(f"## {title}", "", *prose, "", code_block("\n".join(run.command(c) for c in commands)), "")
     for t in tables:
         out(t, "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The tunnel with pinned TLS: scripts/tunnel-security.sh's "NAME relays=X plain=Y tls=Z" lines.
+
+def security_section(run):
+    section(
+        run, "The tunnel with pinned TLS",
+        ["The tunnel tool with mutual TLS 1.3 between its ends (its default), against the same",
+         "tunnel over plain TCP (`--insecure`) and two plain TCP relays in a row, all three started",
+         "side by side in one run: `redis-benchmark -k 1 -c 50` (requests per second) and one",
+         "iperf3 stream (Mbit/s received):"],
+        ["security"],
+    )
+    failed = run.file("security.failed")
+    if failed:
+        out("Not measured: " + failed.strip().replace("\n", "; "), "")
+        return
+    rows = []
+    for line in (run.file("security.txt") or "").splitlines():
+        fields = line.split()
+        if not fields or "=" not in line or ":" in fields[0]:
+            continue
+        try:
+            values = dict((k, float(v)) for k, v in (f.split("=", 1) for f in fields[1:]))
+        except ValueError:
+            continue
+        relays, plain, tls = values.get("relays", 0), values.get("plain", 0), values.get("tls", 0)
+        if relays > 0 and plain > 0:
+            rows.append([fields[0], f"{relays:.0f}", f"{plain:.0f}", f"{tls:.0f}", r2(tls / plain), r2(tls / relays)])
+    out(table(["measure", "relays", "plain tunnel", "TLS tunnel", "TLS ÷ plain", "TLS ÷ relays"],
+              rows, ["---", "--:", "--:", "--:", "--:", "--:"]), "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,7 +484,7 @@ def main():
             run, "Redis through the tunnel",
             ["`redis-benchmark` against Redis directly, through two plain TCP relays in a row (the",
              "same two hops and copying as the tunnel, one TCP connection per client) and through",
-             "the tunnel example, whose entry carries the clients over K gomux connections; each K",
+             "the tunnel tool (pinned TLS between its ends), whose entry carries the clients over K gomux connections; each K",
              "is its own run of the script, once after the rounds. Requests per second:"],
             ["redis"],
         )
@@ -481,6 +514,9 @@ def main():
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)
+    # --- The tunnel with pinned TLS ------------------------------------------------------------
+    if meta.get("redis") == "true":
+        security_section(run)
 
     # --- Allocations -------------------------------------------------------------------------
     section(run, "Allocations", ["Allocations while full Data frames and messages move in steady state:"], ["alloc"])

@@ -18,11 +18,12 @@
 #   `gomux-go-peer bench many -pair`, which does the same work.
 #
 # The order of the rows turns from round to round. After the rounds, once each: Redis through
-# the tunnel example with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), perf profiles
-# of the 1-stream and the 1000-stream transfer, the allocation counts of tests/alloc.rs, and
-# latency under load over an emulated link (benches/latency_under_load.rs: a ping every 10 ms
-# beside a bulk stream of the same session, gomux, two TCP connections, Go gomux and yamux).
-# the memory of 10,000 idle sessions beside Go gomux's (benches/idle_sessions.rs).
+# the tunnel tool with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh) and with pinned
+# TLS against plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the
+# 1000-stream transfer, the allocation counts of tests/alloc.rs, latency under load over an
+# emulated link (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the
+# same session, gomux, two TCP connections, Go gomux and yamux), and the memory of 10,000 idle
+# sessions beside Go gomux's (benches/idle_sessions.rs).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
@@ -472,6 +473,21 @@ if $redis; then
     for k in $redis_connections; do
         redis_run "$k"
     done
+    # The tunnel with pinned TLS between its ends against the plain tunnel and two relays:
+    # Redis (-k 1, 50 clients) and a bulk transfer, in one run of the script (security.txt).
+    security_command=(scripts/tunnel-security.sh)
+    if $quick; then
+        security_command+=(--quick)
+    fi
+    meta command-security "${security_command[*]}"
+    echo "the tunnel with pinned TLS: ${security_command[*]} ($(date -u +%H:%M:%S))" >&2
+    if ! "${security_command[@]}" >"$work/security.txt" 2>"$work/security.err"; then
+        {
+            echo "failed: ${security_command[*]}"
+            grep -v '^ *$' "$work/security.err" | tail -5
+        } >"$work/security.failed"
+        cat "$work/security.failed" >&2
+    fi
 fi
 
 profile one 1 "$profile_bytes_one"

@@ -1,4 +1,4 @@
-# Shared by the scripts that run the tunnel example against real programs (sourced, not run):
+# Shared by the scripts that run the tunnel tool (gomux-tunnel) against real programs (sourced, not run):
 # the tool check, a work directory cleaned up on exit with the processes started, free
 # loopback ports, and waiting for a log line.
 
@@ -72,4 +72,21 @@ await_log() {
     done
     echo "error: no \"$text\" (x$count) in $(basename "$log")" >&2
     return 1
+}
+
+# The tunnel tool, built in release mode: sets $tunnel to its path.
+build_tunnel() {
+    echo "==> cargo build --release -p gomux-tunnel"
+    cargo build --release -p gomux-tunnel
+    tunnel="${CARGO_TARGET_DIR:-target}/release/gomux-tunnel"
+}
+
+# make_keys: a key pair for each end in $work/keys/{entry,exit}, and the options each end
+# runs with to pin the other: $entry_security and $exit_security (arrays).
+make_keys() {
+    local entry_fp exit_fp
+    entry_fp=$("$tunnel" keygen --out "$work/keys/entry")
+    exit_fp=$("$tunnel" keygen --out "$work/keys/exit")
+    entry_security=(--key "$work/keys/entry" --peer-fingerprint "$exit_fp")
+    exit_security=(--key "$work/keys/exit" --peer-fingerprint "$entry_fp")
 }

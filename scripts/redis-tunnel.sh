@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A real workload through the gomux tunnel (examples/tunnel.rs): Redis.
+# A real workload through the gomux tunnel tool (tunnel/, gomux-tunnel): Redis.
 #
 # Starts a redis-server on a free loopback port, the tunnel's exit (in front of it) and entry,
-# and, as a baseline, two plain TCP relays in a row (`tunnel relay`: the same two hops and the
+# (with pinned TLS between them, the tool's default, or plain TCP with --insecure) and, as a
+# baseline, two plain TCP relays in a row (`gomux-tunnel relay`: the same two hops and the
 # same copying, one TCP connection per client instead of one gomux connection for all). Then it
 # runs redis-benchmark against Redis directly, through the relays and through the tunnel: with
 # keep-alive connections (-k 1), and with a new connection for every request (-k 0, so each
@@ -14,13 +15,14 @@
 # its entry to its exit, every client a stream), and a table sets it beside the Rust tunnel.
 #
 # usage: scripts/redis-tunnel.sh [--quick] [--requests N] [--clients N] [--connections K]
-#                                [--tests LIST] [--go]
+#                                [--tests LIST] [--go] [--insecure]
 #   --quick          10000 requests per command instead of 100000 (for CI)
 #   --requests N     requests per command (redis-benchmark -n)
 #   --clients N      parallel connections (redis-benchmark -c), default 50
 #   --connections K  gomux connections from the tunnel's entry to its exit, default 1
 #   --tests LIST     only these commands (redis-benchmark -t), e.g. set,get
 #   --go             also through a Go gomux tunnel (needs Go and ../shared/gomux-go)
+#   --insecure       the tunnel's ends over plain TCP instead of pinned TLS
 #
 # Needs redis-server, redis-cli and redis-benchmark (Debian: apt-get install -y redis-server
 # redis-tools) and cargo; installs nothing. Every process it starts is stopped when it exits.
@@ -35,15 +37,17 @@ connections=1
 tests=""
 go_tunnel=false
 value_bytes=$((8 * 1024 * 1024))
+insecure=false
 
 usage() {
-    sed -n '/^# usage:/,/^#   --go/s/^# \{0,1\}//p' "$0"
+    sed -n '/^# usage:/,/^#   --insecure/s/^# \{0,1\}//p' "$0"
 }
 
 while (($#)); do
     case "$1" in
     --quick) requests=10000 ;;
     --go) go_tunnel=true ;;
+    --insecure) insecure=true ;;
     --requests | --clients | --connections | --tests)
         if (($# < 2)); then
             echo "error: $1 needs a value" >&2
@@ -96,9 +100,13 @@ await_pong() {
 # Start Redis and the tunnel
 # ---------------------------------------------------------------------------------------------
 
-echo "==> cargo build --release --example tunnel"
-cargo build --release --example tunnel
-tunnel="${CARGO_TARGET_DIR:-target}/release/examples/tunnel"
+build_tunnel
+if $insecure; then
+    entry_security=(--insecure)
+    exit_security=(--insecure)
+else
+    make_keys
+fi
 
 redis_port=$(free_port)
 exit_port=$(free_port)
@@ -116,24 +124,24 @@ await_pong "$redis_port" redis-server
 
 export RUST_LOG="${RUST_LOG:-info}"
 "$tunnel" exit --listen "127.0.0.1:$exit_port" --target "127.0.0.1:$redis_port" \
-    2>"$work/exit.log" &
+    "${exit_security[@]}" >/dev/null 2>"$work/exit.log" &
 pids+=($!)
 exit_pid=$!
 # The exit first, so that the entry's first dial finds it.
 await_log "$work/exit.log" "exit listening"
 "$tunnel" entry --listen "127.0.0.1:$entry_port" --exit "127.0.0.1:$exit_port" \
-    --connections "$connections" 2>"$work/entry.log" &
+    --connections "$connections" "${entry_security[@]}" >/dev/null 2>"$work/entry.log" &
 pids+=($!)
 entry_pid=$!
 await_pong "$entry_port" "the tunnel's entry"
 
 # The baseline: client -> near relay -> far relay -> Redis, plain TCP all the way.
 "$tunnel" relay --listen "127.0.0.1:$relay_far_port" --target "127.0.0.1:$redis_port" \
-    2>"$work/relay-far.log" &
+    >/dev/null 2>"$work/relay-far.log" &
 pids+=($!)
 await_log "$work/relay-far.log" "relay listening"
 "$tunnel" relay --listen "127.0.0.1:$relay_near_port" --target "127.0.0.1:$relay_far_port" \
-    2>"$work/relay-near.log" &
+    >/dev/null 2>"$work/relay-near.log" &
 pids+=($!)
 await_pong "$relay_near_port" "the relays"
 
@@ -168,7 +176,8 @@ echo
 echo "machine:  $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores"
 echo "redis:    $(redis-server --version)"
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min averages, at the start)"
-echo "tunnel:   entry --connections $connections (gomux connections to the exit)"
+echo "tunnel:   entry --connections $connections (gomux connections to the exit), $(
+    $insecure && echo "plain TCP (--insecure)" || echo "pinned TLS")"
 echo "ports:    redis-server $redis_port, tunnel exit $exit_port, tunnel entry $entry_port," \
     "relays $relay_near_port -> $relay_far_port"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The SOCKS5 mode of the gomux tunnel (examples/tunnel.rs), as its command line runs it, with
-# curl in front and a real HTTP server behind.
+# The SOCKS5 mode of the gomux tunnel tool (tunnel/, gomux-tunnel), as its command line runs
+# it in its default, pinned TLS between the ends, with curl in front and a real HTTP server
+# behind.
 #
 # Builds the tunnel, serves a directory of files with `python3 -m http.server` on loopback, and
 # fetches every file with `curl --socks5-hostname`, all at once, checking each byte for byte:
@@ -71,9 +72,8 @@ await_port() {
 # The HTTP server and its files
 # ---------------------------------------------------------------------------------------------
 
-echo "==> cargo build --release --example tunnel"
-cargo build --release --example tunnel
-tunnel="${CARGO_TARGET_DIR:-target}/release/examples/tunnel"
+build_tunnel
+make_keys
 
 mkdir "$work/www"
 echo "hello through the tunnel" >"$work/www/hello.txt"
@@ -137,10 +137,10 @@ echo
 echo "==> tunnel entry --listen 127.0.0.1:$socks_port --accept-exit 127.0.0.1:$exits_port"
 echo "==> tunnel exit --entry 127.0.0.1:$exits_port --socks"
 "$tunnel" entry --listen "127.0.0.1:$socks_port" --accept-exit "127.0.0.1:$exits_port" \
-    2>"$work/reverse-entry.log" &
+    "${entry_security[@]}" >/dev/null 2>"$work/reverse-entry.log" &
 pids+=($!)
 await_log "$work/reverse-entry.log" "entry listening"
-"$tunnel" exit --entry "127.0.0.1:$exits_port" --socks 2>"$work/reverse-exit.log" &
+"$tunnel" exit --entry "127.0.0.1:$exits_port" --socks "${exit_security[@]}" 2>"$work/reverse-exit.log" &
 pids+=($!)
 exit_pid=$!
 await_log "$work/reverse-entry.log" "exit connected"
@@ -150,7 +150,7 @@ fetch_all reverse "$socks_port"
 kill "$exit_pid"
 wait "$exit_pid" 2>/dev/null || true
 await_log "$work/reverse-entry.log" "exit disconnected"
-"$tunnel" exit --entry "127.0.0.1:$exits_port" --socks 2>>"$work/reverse-exit.log" &
+"$tunnel" exit --entry "127.0.0.1:$exits_port" --socks "${exit_security[@]}" 2>>"$work/reverse-exit.log" &
 pids+=($!)
 await_log "$work/reverse-entry.log" "exit connected" 2
 fetch_all reverse-again "$socks_port"
@@ -164,11 +164,11 @@ exit_port=$(free_port)
 echo
 echo "==> tunnel exit --listen 127.0.0.1:$exit_port --socks"
 echo "==> tunnel entry --listen 127.0.0.1:$socks_port --exit 127.0.0.1:$exit_port"
-"$tunnel" exit --listen "127.0.0.1:$exit_port" --socks 2>"$work/forward-exit.log" &
+"$tunnel" exit --listen "127.0.0.1:$exit_port" --socks "${exit_security[@]}" >/dev/null 2>"$work/forward-exit.log" &
 pids+=($!)
 await_log "$work/forward-exit.log" "exit listening"
 "$tunnel" entry --listen "127.0.0.1:$socks_port" --exit "127.0.0.1:$exit_port" \
-    2>"$work/forward-entry.log" &
+    "${entry_security[@]}" >/dev/null 2>"$work/forward-entry.log" &
 pids+=($!)
 await_log "$work/forward-entry.log" "connected to the exit"
 fetch_all forward "$socks_port"

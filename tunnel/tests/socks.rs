@@ -1,14 +1,10 @@
-//! The SOCKS5 exit of `examples/tunnel.rs` (`exit --socks`), end to end, in both directions:
+//! The SOCKS5 exit of `gomux-tunnel` (`exit --socks`), end to end, in both directions:
 //! `curl --socks5-hostname` in front of the entry, a small HTTP server behind the exit, and
 //! every body checked byte for byte. A raw SOCKS5 client checks the replies to requests the
 //! exit cannot serve.
 //!
 //! The curl tests need `curl` on `PATH`. Without it they print a `socks: SKIPPED` line and
 //! pass, unless `CI` or `GOMUX_REQUIRE_TOOLS=1` is set: then they fail.
-
-#[allow(dead_code)] // the example's `main` is not used here
-#[path = "../examples/tunnel.rs"]
-mod tunnel;
 
 mod common;
 mod tunnel_support;
@@ -22,7 +18,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
-use tunnel::Destination;
+use gomux_tunnel::Destination;
 use tunnel_support::{bind, Direction, Task, Tunnel};
 
 // ---------------------------------------------------------------------------------------------

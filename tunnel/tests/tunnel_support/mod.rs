@@ -1,7 +1,7 @@
-//! The tunnel of `examples/tunnel.rs` under test, shared by `tests/tunnel.rs` and
-//! `tests/socks.rs`: an entry and an exit in this process on ephemeral loopback ports, in
-//! either direction, joined by a [`Link`] the tests can cut, each end with the shutdown
-//! trigger its signals would fire.
+//! The tunnel under test, shared by `tests/tunnel.rs` and `tests/socks.rs`: an entry and an
+//! exit in this process on ephemeral loopback ports, in either direction, joined by a [`Link`]
+//! the tests can cut, each end with the shutdown trigger its signals would fire. The two ends
+//! authenticate each other with pinned TLS, as the tool does by default.
 
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
@@ -9,15 +9,17 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use gomux_tunnel::config::Handshakes;
+use gomux_tunnel::{
+    run_entry, run_exit, Destination, EntryOptions, ExitOptions, Identity, Meeting, Peer, Redial,
+    Security, Shutdown, ShutdownReport,
+};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinHandle};
-
-use crate::tunnel::{
-    run_entry, run_exit, Destination, EntryOptions, Peer, Redial, Shutdown, ShutdownReport,
-};
 
 /// Which end dials the gomux connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,10 +78,16 @@ impl Tunnel {
             Direction::Reverse => (Peer::Accept(listening), Peer::Dial(link.addr)),
         };
         let exit_end = End::spawn(drain, |shutdown| {
-            run_exit(exit_peer, destination, fast_redial(), shutdown)
+            run_exit(
+                exit_peer,
+                destination,
+                exit_options(),
+                exit_meeting(),
+                shutdown,
+            )
         });
         let entry_end = End::spawn(drain, |shutdown| {
-            run_entry(clients, entry_peer, options, shutdown)
+            run_entry(clients, entry_peer, options, entry_meeting(), shutdown)
         });
         Tunnel {
             entry,
@@ -141,6 +149,42 @@ pub fn fast_redial() -> Redial {
         backoff_initial: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
         ..Redial::default()
+    }
+}
+
+/// Exit settings with [`fast_redial`], every target allowed.
+pub fn exit_options() -> ExitOptions {
+    ExitOptions {
+        redial: fast_redial(),
+        ..ExitOptions::default()
+    }
+}
+
+/// The two ends' key pairs, made once per test binary: (entry, exit).
+fn identities() -> &'static (Identity, Identity) {
+    static IDENTITIES: OnceLock<(Identity, Identity)> = OnceLock::new();
+    IDENTITIES.get_or_init(|| {
+        let made = || Identity::generate().expect("a key pair");
+        (made(), made())
+    })
+}
+
+/// The entry's side of pinned TLS: its own key, the exit's fingerprint.
+pub fn entry_meeting() -> Meeting {
+    let (entry, exit) = identities();
+    meeting(entry, exit)
+}
+
+/// The exit's side of pinned TLS: its own key, the entry's fingerprint.
+pub fn exit_meeting() -> Meeting {
+    let (entry, exit) = identities();
+    meeting(exit, entry)
+}
+
+fn meeting(own: &Identity, peer: &Identity) -> Meeting {
+    Meeting {
+        security: Security::pinned(own, peer.fingerprint()).expect("TLS settings"),
+        handshakes: Handshakes::default(),
     }
 }
 

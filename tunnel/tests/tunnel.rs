@@ -1,4 +1,4 @@
-//! The TCP forwarder of `examples/tunnel.rs`, run in this process: its entry and exit on
+//! The TCP forwarder of `gomux-tunnel`, run in this process: its entry and exit on
 //! ephemeral loopback ports, in both directions (the entry dialling the exit, and the exit
 //! dialling the entry), real TCP clients in front and test targets (or a real Redis server,
 //! where one is installed) behind. Its SOCKS5 mode is tested in `tests/socks.rs`.
@@ -6,15 +6,11 @@
 //! Between the entry and the exit sits a [`Link`], a plain TCP relay the tests can cut, to
 //! play a network failure and to count how many connections the dialling end made.
 //!
-//! Each end runs with the shutdown trigger that its signals fire in the example's `main`
+//! Each end runs with the shutdown trigger that its signals fire in the tool's `main`
 //! (Ctrl-C, SIGTERM), so the tests shut either end down as a signal would: a first to drain, a
 //! second to cut.
 //!
 //! `RUST_LOG=debug cargo test --test tunnel -- --nocapture` shows the tunnel's logs.
-
-#[allow(dead_code)] // the example's `main` is not used here
-#[path = "../examples/tunnel.rs"]
-mod tunnel;
 
 mod common;
 mod tunnel_support;
@@ -33,12 +29,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
-use tunnel::{
-    carry, parse_args, run_entry, run_exit, run_relay, Destination, EntryOptions, Peer, SessionEnd,
-    ShutdownReport, TargetArg, Via,
+use gomux_tunnel::cli::{parse_args, SecurityArg, TargetArg, Via};
+use gomux_tunnel::config::AllowList;
+use gomux_tunnel::{
+    carry, run_entry, run_exit, run_relay, Destination, EntryOptions, Peer, SessionEnd,
+    ShutdownReport,
 };
 use tunnel_support::{
-    bind, entry_options, fast_redial, init_logs, Direction, End, Task, Tunnel, DRAIN,
+    bind, entry_meeting, entry_options, exit_meeting, exit_options, init_logs, Direction, End,
+    Task, Tunnel, DRAIN,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -678,23 +677,30 @@ async fn a_client_waits_for_an_exit_that_is_not_up_yet() {
     init_logs();
     let target = Target::spawn(echo).await;
 
-    // Reserve a port for the exit, and leave it closed for now: the entry's dials are refused
-    // and it backs off.
-    let exit_addr = free_addr().await;
+    // The exit's port is bound, but nothing accepts on it for now: the entry's connection
+    // waits in the backlog, its handshake unanswered.
+    let exit = bind().await;
+    let exit_addr = exit.local_addr().expect("address");
     let entry = bind().await;
     let entry_addr = entry.local_addr().expect("address");
     let _entry = End::spawn(DRAIN, |shutdown| {
-        run_entry(entry, Peer::Dial(exit_addr), entry_options(), shutdown)
+        run_entry(
+            entry,
+            Peer::Dial(exit_addr),
+            entry_options(),
+            entry_meeting(),
+            shutdown,
+        )
     });
 
     let client = connect(entry_addr).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // a few failed dials
-    let exit = TcpListener::bind(exit_addr).await.expect("bind the exit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let _exit = End::spawn(DRAIN, |shutdown| {
         run_exit(
             Peer::Accept(exit),
             Destination::Fixed(target.addr),
-            fast_redial(),
+            exit_options(),
+            exit_meeting(),
             shutdown,
         )
     });
@@ -767,7 +773,13 @@ async fn reverse_a_client_waits_for_an_exit_that_has_not_dialled_in_yet() {
     let entry_addr = clients.local_addr().expect("address");
     let exits_addr = exits.local_addr().expect("address");
     let _entry = End::spawn(DRAIN, |shutdown| {
-        run_entry(clients, Peer::Accept(exits), entry_options(), shutdown)
+        run_entry(
+            clients,
+            Peer::Accept(exits),
+            entry_options(),
+            entry_meeting(),
+            shutdown,
+        )
     });
 
     let client = connect(entry_addr).await;
@@ -776,7 +788,8 @@ async fn reverse_a_client_waits_for_an_exit_that_has_not_dialled_in_yet() {
         run_exit(
             Peer::Dial(exits_addr),
             Destination::Fixed(target.addr),
-            fast_redial(),
+            exit_options(),
+            exit_meeting(),
             shutdown,
         )
     });
@@ -796,14 +809,21 @@ async fn reverse_the_latest_exit_to_dial_in_carries_new_clients() {
     let entry_addr = clients.local_addr().expect("address");
     let exits_addr = exits.local_addr().expect("address");
     let _entry = End::spawn(DRAIN, |shutdown| {
-        run_entry(clients, Peer::Accept(exits), entry_options(), shutdown)
+        run_entry(
+            clients,
+            Peer::Accept(exits),
+            entry_options(),
+            entry_meeting(),
+            shutdown,
+        )
     });
 
     let _first_exit = End::spawn(DRAIN, |shutdown| {
         run_exit(
             Peer::Dial(exits_addr),
             Destination::Fixed(first_target.addr),
-            fast_redial(),
+            exit_options(),
+            exit_meeting(),
             shutdown,
         )
     });
@@ -816,7 +836,8 @@ async fn reverse_the_latest_exit_to_dial_in_carries_new_clients() {
         run_exit(
             Peer::Dial(exits_addr),
             Destination::Fixed(second_target.addr),
-            fast_redial(),
+            exit_options(),
+            exit_meeting(),
             shutdown,
         )
     });
@@ -863,13 +884,18 @@ async fn a_stream_the_other_end_refuses_closes_its_client_at_once() {
 
 #[test]
 fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
+    // The ends' security options are tested in `the_command_line_reads_security_and_exposure`;
+    // here, both ends run with `--insecure`.
     let args = |line: &str| {
-        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let mut args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        if ["entry", "exit"].contains(&args.first().map_or("", String::as_str)) {
+            args.insert(1, "--insecure".into());
+        }
         parse_args(&args)
     };
     let parse = |line: &str| args(line).map(|args| args.command);
     let addr = |text: &str| text.to_string();
-    use tunnel::Command::{Entry, Exit, Relay};
+    use gomux_tunnel::cli::Command::{Entry, Exit, Relay};
 
     // The forward direction, as before.
     assert_eq!(
@@ -893,6 +919,8 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         Ok(Exit {
             entry: Via::Accept(addr("127.0.0.1:7001")),
             target: TargetArg::Fixed(addr("127.0.0.1:6379")),
+            allow: AllowList::default(),
+            socks_auth: None,
         })
     );
     assert_eq!(
@@ -916,6 +944,8 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         Ok(Exit {
             entry: Via::Dial(addr("relay.example:7001")),
             target: TargetArg::Socks,
+            allow: AllowList::default(),
+            socks_auth: None,
         })
     );
 
@@ -940,7 +970,7 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
     );
 
     for (line, problem) in [
-        ("", "say which end"),
+        ("", "say what to run"),
         ("middle --listen a", "unknown mode"),
         (
             "entry --listen a",
@@ -985,6 +1015,104 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         match parse(line) {
             Err(error) => assert!(error.contains(problem), "{line:?}: {error}"),
             Ok(command) => panic!("{line:?} parsed as {command:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_command_line_reads_security_and_exposure() {
+    let parse = |line: &str| {
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        parse_args(&args)
+    };
+    let hex = "ab".repeat(32);
+
+    // Pinned TLS: a key directory and the peer's fingerprint, colons allowed.
+    let pinned = parse(&format!(
+        "entry --listen a --exit b --key /k --peer-fingerprint {}",
+        hex.to_uppercase()
+    ))
+    .expect("parses");
+    assert_eq!(
+        pinned.security,
+        SecurityArg::Pinned {
+            key: "/k".into(),
+            peer: hex.parse().expect("a fingerprint"),
+        }
+    );
+    assert_eq!(
+        parse("exit --listen a --target b --insecure")
+            .expect("parses")
+            .security,
+        SecurityArg::Insecure
+    );
+    let limits = parse(&format!(
+        "exit --listen a --socks --key k --peer-fingerprint {hex} --handshake-timeout 0.5 \
+         --max-handshakes 3"
+    ))
+    .expect("parses")
+    .handshakes;
+    assert_eq!(limits.timeout, Duration::from_millis(500));
+    assert_eq!(limits.limit, 3);
+
+    // The allow-list (repeatable) and SOCKS5 credentials.
+    let exit = parse(
+        "exit --listen a --socks --insecure --allow 10.0.0.0/8:22,80-90 --allow 127.0.0.1:* \
+         --socks-user ann --socks-password-file /p",
+    )
+    .expect("parses")
+    .command;
+    let gomux_tunnel::cli::Command::Exit {
+        allow, socks_auth, ..
+    } = exit
+    else {
+        panic!("an exit: {exit:?}");
+    };
+    assert!(allow.allows("10.9.9.9:85".parse().expect("address")));
+    assert!(allow.allows("127.0.0.1:1".parse().expect("address")));
+    assert!(!allow.allows("10.9.9.9:91".parse().expect("address")));
+    assert_eq!(socks_auth, Some(("ann".into(), "/p".into())));
+
+    // Keys.
+    assert!(parse("keygen --out /k").is_ok());
+    assert!(parse("fingerprint --key /k").is_ok());
+
+    for (line, problem) in [
+        ("entry --listen a --exit b", "--insecure for plain TCP"),
+        (
+            "exit --listen a --target b --key k",
+            "--insecure for plain TCP",
+        ),
+        (
+            "exit --listen a --target b --insecure --key k",
+            "without --key",
+        ),
+        (
+            "entry --listen a --exit b --key k --peer-fingerprint 12",
+            "64 hexadecimal digits",
+        ),
+        (
+            "exit --listen a --target b --insecure --allow 10.0.0.0/8",
+            "no ports",
+        ),
+        (
+            "exit --listen a --target b --insecure --socks-user u --socks-password-file f",
+            "SOCKS5 exit",
+        ),
+        (
+            "exit --listen a --socks --insecure --socks-user u",
+            "together",
+        ),
+        (
+            "exit --listen a --socks --insecure --max-handshakes 0",
+            "above 0",
+        ),
+        ("relay --listen a --target b --insecure", "unknown option"),
+        ("keygen", "--out DIR is required"),
+    ] {
+        match parse(line) {
+            Err(error) => assert!(error.contains(problem), "{line:?}: {error}"),
+            Ok(args) => panic!("{line:?} parsed as {args:?}"),
         }
     }
 }
@@ -1193,12 +1321,6 @@ async fn assert_ended(socket: &mut TcpStream, what: &str) {
     }
 }
 
-/// A loopback address that nothing listens on (it was free a moment ago).
-async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    listener.local_addr().expect("address")
-}
-
 // ---------------------------------------------------------------------------------------------
 // Redis
 // ---------------------------------------------------------------------------------------------
@@ -1210,36 +1332,52 @@ struct Redis {
 }
 
 impl Redis {
+    /// redis-server cannot be handed a listener nor tell which port it bound, so a port that
+    /// was free is tried: if another process took it meanwhile, redis-server exits and another
+    /// port is tried. A name set in the server's configuration tells ours from any other.
     async fn start() -> Redis {
-        let addr = free_addr().await;
-        let port = addr.port().to_string();
-        let process = Command::new("redis-server")
-            .args(["--port", &port, "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start redis-server");
-        // Ready once it answers a PING.
-        within("redis-server to start", async {
-            loop {
-                let pong = Command::new("redis-cli")
-                    .args(["-p", &port, "PING"])
-                    .stderr(Stdio::null())
-                    .output()
-                    .await
-                    .expect("run redis-cli");
-                if pong.stdout.starts_with(b"PONG") {
-                    break;
+        for _ in 0..5 {
+            let addr = {
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                listener.local_addr().expect("address")
+            };
+            let port = addr.port().to_string();
+            let name = format!("gomux-tunnel-test-{}", std::process::id());
+            let mut process = Command::new("redis-server")
+                .args(["--port", &port, "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--rename-command", "ECHO", &name])
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start redis-server");
+            // Ready once it answers the renamed ECHO, which only ours knows.
+            let ready = within("redis-server to start", async {
+                loop {
+                    if process.try_wait().expect("redis-server status").is_some() {
+                        return false; // it could not bind the port
+                    }
+                    let echo = Command::new("redis-cli")
+                        .args(["-p", &port, &name, "ours"])
+                        .stderr(Stdio::null())
+                        .output()
+                        .await
+                        .expect("run redis-cli");
+                    if echo.stdout.starts_with(b"ours") {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            })
+            .await;
+            if ready {
+                return Redis {
+                    addr,
+                    _process: process,
+                };
             }
-        })
-        .await;
-        Redis {
-            addr,
-            _process: process,
         }
+        panic!("redis-server could not start on any of five free ports");
     }
 }
 

@@ -1,0 +1,580 @@
+//! The command line: what it says, how it is read, and running what it asks for.
+
+use std::error::Error as StdError;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::config::{AllowList, Credentials, Handshakes, Rule, DEFAULT_DRAIN, MAX_CONNECTIONS};
+use crate::connect::{Meeting, Peer};
+use crate::drain::{Shutdown, ShutdownReport};
+use crate::entry::{run_entry, EntryOptions};
+use crate::exit::{run_exit, Destination, ExitOptions, SocksOptions};
+use crate::relay::run_relay;
+use crate::security::{Fingerprint, Identity, Security};
+
+/// What `--help` prints.
+pub const USAGE: &str = "\
+usage: gomux-tunnel keygen --out DIR
+       gomux-tunnel fingerprint --key DIR
+       gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
+                          SECURITY [--drain SECONDS]
+       gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
+                         SECURITY [--allow NETWORK:PORTS]... [--drain SECONDS]
+       gomux-tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
+
+The entry accepts TCP clients and carries each one as a gomux stream over a single
+connection to the exit; the exit connects each stream onwards. The connection between
+them is mutual TLS 1.3, each end pinning the other's certificate.
+
+keygen --out DIR           write a key pair and self-signed certificate into DIR (key.pem,
+                           cert.pem) and print the certificate's SHA-256 fingerprint
+fingerprint --key DIR      print the fingerprint of the certificate in DIR
+entry  --listen ADDR       accept TCP clients on ADDR
+       --exit ADDR         dial the exit at ADDR, and again whenever the connection is lost
+       --connections K     with --exit: keep K connections to the exit (default 1), each
+                           client carried by the one with the fewest
+       --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
+                           new clients)
+exit   --listen ADDR       accept gomux connections from entries on ADDR
+       --entry ADDR        reverse: dial the entry at ADDR, and again whenever the connection
+                           is lost (for an exit behind NAT)
+       --target ADDR       connect every stream to ADDR
+       --socks             read a SOCKS5 CONNECT request from every stream and connect it to
+                           the address requested (host names resolved by the exit)
+       --allow NETWORK:PORTS
+                           connect only to targets in NETWORK on PORTS, as 10.0.0.0/8:22,80-90
+                           or 127.0.0.1:* (repeatable; without any, every target is allowed)
+SOCKS AUTH
+       --socks-user USER --socks-password-file FILE
+                           require this user name and the password in FILE (its first line)
+                           from SOCKS5 clients (RFC 1929)
+SECURITY (entry and exit)
+       --key DIR           this end's key and certificate, as keygen wrote them
+       --peer-fingerprint HEX
+                           the other end's certificate fingerprint, as keygen printed it
+       --insecure          plain TCP instead: no authentication, no encryption
+       --handshake-timeout SECONDS
+                           close a connection (or a SOCKS5 stream) whose handshake takes
+                           longer (default 10)
+       --max-handshakes N  refuse connections (or SOCKS5 streams) beyond N handshakes in
+                           progress (default 64)
+relay  --listen ADDR --target ADDR
+                           forward each TCP connection on ADDR to its own connection to
+                           ADDR, without gomux (a baseline for measurements)
+all    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
+                           being relayed this long to finish (default 30), then cut them; a
+                           second Ctrl-C cuts them at once, a third exits at once
+
+Each listener's bound address is printed on standard output as `listening NAME ADDR`
+(NAME: clients, exits, entries or relay), so that port 0 can be asked for.
+RUST_LOG sets the log filter (default: info); logs go to standard error.";
+
+/// The command line: which end to run, how it meets the other end, and how long its shutdown
+/// may take.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Args {
+    /// What to run.
+    pub command: Command,
+    /// How long the connections being relayed get to finish once a shutdown begins.
+    pub drain: Duration,
+    /// How the connection between the ends is secured (unused by the relay).
+    pub security: SecurityArg,
+    /// Bounds on the handshakes in progress (TLS, and SOCKS5 at a SOCKS exit).
+    pub handshakes: Handshakes,
+}
+
+/// What the command line asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Make a key pair.
+    Keygen {
+        /// The directory to write it into.
+        out: PathBuf,
+    },
+    /// Print a key's fingerprint.
+    Fingerprint {
+        /// The directory that holds it.
+        key: PathBuf,
+    },
+    /// Run the entry.
+    Entry {
+        /// Where clients connect.
+        listen: String,
+        /// How the gomux connection is made.
+        exit: Via,
+        /// Connections to keep to the exit, when the entry dials it.
+        connections: usize,
+    },
+    /// Run the exit.
+    Exit {
+        /// How the gomux connection is made.
+        entry: Via,
+        /// Where streams go.
+        target: TargetArg,
+        /// The targets allowed (`--allow`).
+        allow: AllowList,
+        /// `--socks-user` and `--socks-password-file`.
+        socks_auth: Option<(String, PathBuf)>,
+    },
+    /// Run a plain relay.
+    Relay {
+        /// Where clients connect.
+        listen: String,
+        /// Where each goes.
+        target: String,
+    },
+}
+
+/// How an end makes its gomux connection, as given on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Dial the other end at this address.
+    Dial(String),
+    /// Wait for the other end to dial in on this address.
+    Accept(String),
+}
+
+/// What the exit connects its streams to, as given on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TargetArg {
+    /// Always this address.
+    Fixed(String),
+    /// The address each stream's SOCKS5 request names.
+    Socks,
+}
+
+/// How the connection between the ends is secured, as given on the command line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SecurityArg {
+    /// `--key DIR --peer-fingerprint HEX`.
+    Pinned {
+        /// This end's key directory.
+        key: PathBuf,
+        /// The other end's fingerprint.
+        peer: Fingerprint,
+    },
+    /// `--insecure`, or a mode with no connection between ends.
+    Insecure,
+}
+
+/// Options that take no value.
+const FLAGS: &[&str] = &["--socks", "--insecure"];
+/// Options that may be given more than once.
+const REPEATABLE: &[&str] = &["--allow"];
+/// The options of both ends' security.
+const SECURITY: &[&str] = &[
+    "--key",
+    "--peer-fingerprint",
+    "--insecure",
+    "--handshake-timeout",
+    "--max-handshakes",
+];
+
+/// Parses the arguments after the program name.
+///
+/// # Errors
+///
+/// A sentence saying what is wrong with them.
+pub fn parse_args(args: &[String]) -> Result<Args, String> {
+    let Some((mode, options)) = args.split_first() else {
+        return Err("say what to run: entry, exit, relay, keygen or fingerprint".into());
+    };
+    let known: Vec<&str> = match mode.as_str() {
+        "entry" => [
+            &[
+                "--listen",
+                "--exit",
+                "--accept-exit",
+                "--connections",
+                "--drain",
+            ][..],
+            SECURITY,
+        ]
+        .concat(),
+        "exit" => [
+            &[
+                "--listen",
+                "--entry",
+                "--target",
+                "--socks",
+                "--drain",
+                "--allow",
+                "--socks-user",
+                "--socks-password-file",
+            ][..],
+            SECURITY,
+        ]
+        .concat(),
+        "relay" => vec!["--listen", "--target", "--drain"],
+        "keygen" => vec!["--out"],
+        "fingerprint" => vec!["--key"],
+        unknown => {
+            return Err(format!(
+                "unknown mode {unknown:?}: entry, exit, relay, keygen or fingerprint"
+            ))
+        }
+    };
+
+    // Every option once at most but the repeatable ones; all but the flags take a value.
+    let mut given: Vec<(&str, String)> = Vec::new();
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        let Some(&flag) = known.iter().find(|&&flag| flag == option.as_str()) else {
+            return Err(format!("unknown option {option:?} for {mode}"));
+        };
+        if !REPEATABLE.contains(&flag) && given.iter().any(|(seen, _)| *seen == flag) {
+            return Err(format!("{flag} is given twice"));
+        }
+        let value = if FLAGS.contains(&flag) {
+            String::new()
+        } else {
+            let what = match flag {
+                "--drain" | "--handshake-timeout" => "a number of seconds",
+                "--connections" => "a number of connections",
+                "--max-handshakes" => "a number",
+                "--key" | "--out" | "--socks-password-file" => "a path",
+                "--peer-fingerprint" => "a fingerprint",
+                "--allow" => "NETWORK:PORTS",
+                "--socks-user" => "a user name",
+                _ => "an address",
+            };
+            options
+                .next()
+                .ok_or_else(|| format!("{flag} needs {what}"))?
+                .clone()
+        };
+        given.push((flag, value));
+    }
+    let mut take = |flag: &str| {
+        given
+            .iter()
+            .position(|(seen, _)| *seen == flag)
+            .map(|at| given.remove(at).1)
+    };
+    let seconds = |flag: &str, value: String| {
+        value
+            .parse::<f64>()
+            .ok()
+            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+            .ok_or_else(|| format!("{flag} needs a number of seconds, not {value:?}"))
+    };
+
+    let drain = match take("--drain") {
+        None => DEFAULT_DRAIN,
+        Some(value) => seconds("--drain", value)?,
+    };
+    let mut handshakes = Handshakes::default();
+    if let Some(value) = take("--handshake-timeout") {
+        handshakes.timeout = seconds("--handshake-timeout", value)?;
+    }
+    if let Some(value) = take("--max-handshakes") {
+        handshakes.limit = value
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--max-handshakes needs a number above 0, not {value:?}"))?;
+    }
+    let ends = ["entry", "exit"].contains(&mode.as_str());
+    let security = match if ends {
+        (
+            take("--key"),
+            take("--peer-fingerprint"),
+            take("--insecure"),
+        )
+    } else {
+        (None, None, None)
+    } {
+        (None, None, Some(_)) => SecurityArg::Insecure,
+        (Some(key), Some(peer), None) => SecurityArg::Pinned {
+            key: key.into(),
+            peer: peer.parse()?,
+        },
+        (_, _, Some(_)) => {
+            return Err(
+                "--insecure leaves out TLS: give it without --key and --peer-fingerprint".into(),
+            )
+        }
+        _ if ends => {
+            return Err(
+                "give --key DIR and --peer-fingerprint HEX (gomux-tunnel keygen makes \
+                        a key and prints its fingerprint), or --insecure for plain TCP"
+                    .into(),
+            )
+        }
+        _ => SecurityArg::Insecure,
+    };
+    let connections_given = take("--connections");
+    let connections = match &connections_given {
+        None => 1,
+        Some(count) => count
+            .parse::<usize>()
+            .ok()
+            .filter(|&count| (1..=MAX_CONNECTIONS).contains(&count))
+            .ok_or_else(|| {
+                format!("--connections needs a number from 1 to {MAX_CONNECTIONS}, not {count:?}")
+            })?,
+    };
+    let command = match mode.as_str() {
+        "keygen" => Command::Keygen {
+            out: take("--out").ok_or("--out DIR is required")?.into(),
+        },
+        "fingerprint" => Command::Fingerprint {
+            key: take("--key").ok_or("--key DIR is required")?.into(),
+        },
+        "entry" => Command::Entry {
+            listen: take("--listen").ok_or("--listen ADDR is required")?,
+            connections,
+            exit: match (take("--exit"), take("--accept-exit")) {
+                (None, Some(_)) if connections_given.is_some() => {
+                    return Err(
+                        "--connections applies when the entry dials the exit (--exit); \
+                                with --accept-exit, the exit dials"
+                            .into(),
+                    )
+                }
+                (Some(addr), None) => Via::Dial(addr),
+                (None, Some(addr)) => Via::Accept(addr),
+                (Some(_), Some(_)) => return Err("give --exit or --accept-exit, not both".into()),
+                (None, None) => {
+                    return Err(
+                        "say how to reach the exit: --exit ADDR to dial it, or --accept-exit \
+                         ADDR to let it dial in"
+                            .into(),
+                    )
+                }
+            },
+        },
+        "exit" => {
+            let mut allow = AllowList::default();
+            while let Some(rule) = take("--allow") {
+                allow.push(rule.parse::<Rule>()?);
+            }
+            let target = match (take("--target"), take("--socks")) {
+                (Some(addr), None) => TargetArg::Fixed(addr),
+                (None, Some(_)) => TargetArg::Socks,
+                (Some(_), Some(_)) => return Err("give --target or --socks, not both".into()),
+                (None, None) => return Err("--target ADDR or --socks is required".into()),
+            };
+            let socks_auth = match (take("--socks-user"), take("--socks-password-file")) {
+                (None, None) => None,
+                (Some(user), Some(file)) if target == TargetArg::Socks => Some((user, file.into())),
+                (Some(_), Some(_)) => {
+                    return Err("--socks-user applies to the SOCKS5 exit (--socks)".into())
+                }
+                _ => return Err("give --socks-user and --socks-password-file together".into()),
+            };
+            Command::Exit {
+                entry: match (take("--listen"), take("--entry")) {
+                    (Some(addr), None) => Via::Accept(addr),
+                    (None, Some(addr)) => Via::Dial(addr),
+                    (Some(_), Some(_)) => return Err("give --listen or --entry, not both".into()),
+                    (None, None) => {
+                        return Err(
+                            "say how to reach the entry: --listen ADDR to let it dial in, or \
+                             --entry ADDR to dial it"
+                                .into(),
+                        )
+                    }
+                },
+                target,
+                allow,
+                socks_auth,
+            }
+        }
+        _ => Command::Relay {
+            listen: take("--listen").ok_or("--listen ADDR is required")?,
+            target: take("--target").ok_or("--target ADDR is required")?,
+        },
+    };
+    Ok(Args {
+        command,
+        drain,
+        security,
+        handshakes,
+    })
+}
+
+/// What [`run`] did: an end that ran and shut down, or a one-off command.
+#[derive(Debug)]
+pub enum Ran {
+    /// An end ran until a signal shut it down.
+    Shutdown(ShutdownReport),
+    /// A command that runs no end (keygen, fingerprint) finished.
+    Done,
+}
+
+/// Runs the command: binds the listening addresses (printing each, see [`USAGE`]), resolves
+/// the others once, loads the key, and runs the chosen end until it has shut down.
+///
+/// # Errors
+///
+/// When an address cannot be bound or resolved, a key cannot be read or written, or a fixed
+/// target lies outside the allow-list.
+pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError>> {
+    let Args {
+        command,
+        security,
+        handshakes,
+        ..
+    } = args;
+    let security = || -> Result<Meeting, Box<dyn StdError>> {
+        let security = match &security {
+            SecurityArg::Insecure => {
+                eprintln!(
+                    "gomux-tunnel: --insecure: the connection between the ends is neither \
+                     authenticated nor encrypted; whoever reaches its port can use the tunnel"
+                );
+                Security::Insecure
+            }
+            SecurityArg::Pinned { key, peer } => {
+                let own = Identity::load(key)?;
+                Security::pinned(&own, *peer)?
+            }
+        };
+        info!(%security, "securing the connection between the ends");
+        Ok(Meeting {
+            security,
+            handshakes,
+        })
+    };
+    Ok(Ran::Shutdown(match command {
+        Command::Keygen { out } => {
+            let identity = Identity::generate()?;
+            identity
+                .save(&out)
+                .map_err(|e| format!("cannot write the key into {}: {e}", out.display()))?;
+            println!("{}", identity.fingerprint());
+            return Ok(Ran::Done);
+        }
+        Command::Fingerprint { key } => {
+            println!("{}", Identity::load(&key)?.fingerprint());
+            return Ok(Ran::Done);
+        }
+        Command::Entry {
+            listen,
+            exit,
+            connections,
+        } => {
+            let meeting = security()?;
+            let clients = bind(&listen, "clients").await?;
+            let listen = clients.local_addr()?;
+            let exit = match exit {
+                Via::Dial(addr) => {
+                    let exit = resolve(&addr).await?;
+                    info!(%listen, %exit, "entry listening");
+                    Peer::Dial(exit)
+                }
+                Via::Accept(addr) => {
+                    let exits = bind(&addr, "exits").await?;
+                    info!(%listen, exits = %exits.local_addr()?, "entry listening");
+                    Peer::Accept(exits)
+                }
+            };
+            let options = EntryOptions {
+                connections,
+                ..EntryOptions::default()
+            };
+            run_entry(clients, exit, options, meeting, shutdown).await
+        }
+        Command::Exit {
+            entry,
+            target,
+            allow,
+            socks_auth,
+        } => {
+            let meeting = security()?;
+            let destination = match target {
+                TargetArg::Fixed(addr) => {
+                    let target = resolve(&addr).await?;
+                    if !allow.allows(target) {
+                        return Err(format!("the target {target} is outside every --allow").into());
+                    }
+                    Destination::Fixed(target)
+                }
+                TargetArg::Socks => Destination::Socks,
+            };
+            let credentials = match socks_auth {
+                None => None,
+                Some((username, file)) => Some(Credentials {
+                    username,
+                    password: read_password(&file)?,
+                }),
+            };
+            let options = ExitOptions {
+                allow,
+                socks: SocksOptions {
+                    credentials,
+                    handshakes,
+                },
+                ..ExitOptions::default()
+            };
+            let entry = match entry {
+                Via::Accept(addr) => {
+                    let listener = bind(&addr, "entries").await?;
+                    info!(listen = %listener.local_addr()?, target = %destination, "exit listening");
+                    Peer::Accept(listener)
+                }
+                Via::Dial(addr) => {
+                    let entry = resolve(&addr).await?;
+                    info!(%entry, target = %destination, "exit dialling the entry");
+                    Peer::Dial(entry)
+                }
+            };
+            run_exit(entry, destination, options, meeting, shutdown).await
+        }
+        Command::Relay { listen, target } => {
+            let listener = bind(&listen, "relay").await?;
+            let target = resolve(&target).await?;
+            info!(listen = %listener.local_addr()?, %target, "relay listening");
+            run_relay(listener, target, shutdown).await
+        }
+    }))
+}
+
+/// Binds `addr`, and prints `listening NAME ADDR` with the address bound.
+async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let mut out = std::io::stdout().lock();
+    // Whoever started us may not read it; that is no reason to stop.
+    let _ = writeln!(out, "listening {name} {bound}");
+    let _ = out.flush();
+    Ok(listener)
+}
+
+/// Resolves a `host:port` once at start-up; the tunnel then always dials that address.
+async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut found = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
+}
+
+/// The first line of `file`: a password kept out of the command line, which others can read.
+fn read_password(file: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        format!(
+            "cannot read the SOCKS5 password from {}: {e}",
+            file.display()
+        )
+    })?;
+    let password = text.lines().next().unwrap_or_default().to_owned();
+    if password.is_empty() || password.len() > 255 {
+        return Err(format!(
+            "{}: a SOCKS5 password is 1 to 255 bytes (RFC 1929)",
+            file.display()
+        ));
+    }
+    Ok(password)
+}

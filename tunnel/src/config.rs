@@ -1,0 +1,283 @@
+//! The tunnel's settings: the bounds it keeps, the gomux session settings, and the exposure
+//! controls of the exit (which targets it may reach, who may use its SOCKS5 proxy, how many
+//! handshakes it lets wait).
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::time::Duration;
+
+use gomux::Config;
+
+/// The most connections `--connections` may ask for: far more than there are cores to use,
+/// few enough that a typo does not open thousands of connections to the exit.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long the connections being relayed get to finish once a shutdown begins, unless
+/// `--drain` says otherwise.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+
+/// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
+/// largest gomux frame: big enough that bulk transfers go in large frames, small enough that a
+/// thousand idle connections hold 64 MiB of buffers per end rather than twice that.
+pub const COPY_BUFFER: usize = 32 * 1024;
+
+/// How long the exit waits for the target to accept a connection (in SOCKS5 mode, name
+/// resolution included).
+pub const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pause after a failed `accept`, which happens when the process runs out of file descriptors:
+/// retrying at once would spin until one is freed.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// How long a relay whose gomux connection has ended still delivers what its stream holds:
+/// when the other end drained and closed the connection, the end of a reply may still wait
+/// here for a client that reads it slowly. At most a receive window's worth, which a client
+/// that reads at all takes in far less; one that does not is cut after this.
+pub const DELIVERY_GRACE: Duration = Duration::from_secs(10);
+
+/// Session settings for both ends. Both are this program, so each may expect the other's
+/// keepalives: a connection silent for the idle timeout is dead (a peer that vanished without
+/// closing, a network that dropped it), and ending it lets the dialling end dial again instead
+/// of waiting for TCP to notice, which can take many minutes.
+pub fn mux_config() -> Config {
+    Config::default()
+        .keepalive_interval(Some(Duration::from_secs(10)))
+        .idle_timeout(Some(Duration::from_secs(45)))
+}
+
+/// Bounds on the handshakes in progress: the TLS handshake of every connection an end accepts
+/// from the other, and the SOCKS5 greeting and request at the start of every stream of a SOCKS
+/// exit. Each kind has its own count.
+///
+/// A connection (or stream) that has not finished its handshake within `timeout` is closed,
+/// and while `limit` of them are in progress, new ones are refused at once: a peer that opens
+/// connections and sends nothing (slowloris) holds at most `limit` sockets and tasks, for at
+/// most `timeout` each, and authenticated traffic goes on beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handshakes {
+    /// The longest a handshake may take (`--handshake-timeout`, 10 s by default).
+    pub timeout: Duration,
+    /// The most handshakes in progress at once, of each kind (`--max-handshakes`, 64 by
+    /// default).
+    pub limit: usize,
+}
+
+impl Default for Handshakes {
+    fn default() -> Handshakes {
+        Handshakes {
+            timeout: Duration::from_secs(10),
+            limit: 64,
+        }
+    }
+}
+
+/// The targets an exit may connect to: with no rule (the default), any; otherwise only
+/// addresses inside one of the rules' networks, on one of that rule's ports.
+///
+/// Checked on the address actually dialled, after name resolution at the exit, so a host name
+/// cannot lead around it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowList {
+    rules: Vec<Rule>,
+}
+
+impl AllowList {
+    /// Adds a rule, as `--allow` reads it (see [`Rule`]).
+    pub fn push(&mut self, rule: Rule) {
+        self.rules.push(rule);
+    }
+
+    /// Whether the list has no rule, and so allows every target.
+    pub fn allows_all(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether the exit may connect to `target`.
+    pub fn allows(&self, target: SocketAddr) -> bool {
+        self.allows_all() || self.rules.iter().any(|rule| rule.allows(target))
+    }
+}
+
+/// One rule of an [`AllowList`]: a network and the ports allowed in it.
+///
+/// Written `NETWORK:PORTS`, where NETWORK is an address with an optional prefix length
+/// (`10.0.0.0/8`, `192.168.1.7`, `::1/128`, `[fd00::]/8`) and PORTS is `*` or a comma-separated
+/// list of ports and ranges (`22,80-90`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    network: IpAddr,
+    prefix: u8,
+    /// Inclusive ranges; empty for every port.
+    ports: Vec<(u16, u16)>,
+}
+
+impl Rule {
+    fn allows(&self, target: SocketAddr) -> bool {
+        let port = target.port();
+        let port_ok = self.ports.is_empty()
+            || self
+                .ports
+                .iter()
+                .any(|&(low, high)| (low..=high).contains(&port));
+        port_ok && in_network(target.ip().to_canonical(), self.network, self.prefix)
+    }
+}
+
+/// Whether `ip` lies in `network/prefix` (IPv4-mapped IPv6 addresses count as IPv4).
+fn in_network(ip: IpAddr, network: IpAddr, prefix: u8) -> bool {
+    match (ip, network) {
+        (IpAddr::V4(ip), IpAddr::V4(network)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(network) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(network)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(network) & mask
+        }
+        _ => false,
+    }
+}
+
+impl FromStr for Rule {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Rule, String> {
+        let problem =
+            |why: &str| format!("--allow {text:?}: {why} (NETWORK:PORTS, as 10.0.0.0/8:22,80-90)");
+        let (network, ports) = text.rsplit_once(':').ok_or_else(|| problem("no ports"))?;
+        let (address, prefix) = match network.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (network, None),
+        };
+        let address = address.trim_start_matches('[').trim_end_matches(']');
+        let network: IpAddr = address.parse().map_err(|_| problem("not an IP address"))?;
+        let network = network.to_canonical();
+        let bits = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(prefix) => prefix
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= bits)
+                .ok_or_else(|| problem("a prefix length out of range"))?,
+        };
+        let mut ranges = Vec::new();
+        if ports != "*" {
+            for part in ports.split(',') {
+                let (low, high) = part.split_once('-').unwrap_or((part, part));
+                let (low, high) = match (low.parse::<u16>(), high.parse::<u16>()) {
+                    (Ok(low), Ok(high)) if low <= high => (low, high),
+                    _ => return Err(problem("ports are N, N-M or *")),
+                };
+                ranges.push((low, high));
+            }
+        }
+        Ok(Rule {
+            network,
+            prefix,
+            ports: ranges,
+        })
+    }
+}
+
+/// The username and password a SOCKS5 client must give (RFC 1929), when the exit asks for them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name.
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+impl Credentials {
+    /// Whether `username` and `password` are these. Compares every byte whatever the first
+    /// difference, so that the time taken does not tell how much of a guess was right.
+    pub fn check(&self, username: &str, password: &str) -> bool {
+        let same = |a: &str, b: &str| {
+            a.len() == b.len()
+                && a.bytes()
+                    .zip(b.bytes())
+                    .fold(0, |acc, (x, y)| acc | (x ^ y))
+                    == 0
+        };
+        // Both compared, always.
+        let user_ok = same(&self.username, username);
+        let password_ok = same(&self.password, password);
+        user_ok & password_ok
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"(hidden)")
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(rules: &[&str]) -> AllowList {
+        let mut list = AllowList::default();
+        for rule in rules {
+            list.push(rule.parse().expect("a rule"));
+        }
+        list
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().expect("an address")
+    }
+
+    #[test]
+    fn an_empty_allow_list_allows_everything() {
+        assert!(allow(&[]).allows(addr("203.0.113.9:25")));
+    }
+
+    #[test]
+    fn rules_allow_their_networks_on_their_ports_only() {
+        let list = allow(&["10.0.0.0/8:22,80-90", "127.0.0.1:*", "[fd00::]/8:443"]);
+        assert!(list.allows(addr("10.1.2.3:22")));
+        assert!(list.allows(addr("10.255.0.1:85")));
+        assert!(!list.allows(addr("10.1.2.3:23")));
+        assert!(!list.allows(addr("11.0.0.1:22")));
+        assert!(list.allows(addr("127.0.0.1:6379")));
+        assert!(!list.allows(addr("127.0.0.2:6379")));
+        assert!(list.allows(addr("[fd12::1]:443")));
+        assert!(!list.allows(addr("[fe80::1]:443")));
+        // An IPv4-mapped IPv6 address is the IPv4 address it maps.
+        assert!(list.allows(addr("[::ffff:10.0.0.1]:22")));
+        assert!(allow(&["0.0.0.0/0:*"]).allows(addr("8.8.8.8:53")));
+    }
+
+    #[test]
+    fn malformed_rules_are_refused() {
+        for bad in [
+            "10.0.0.0/8",
+            "10.0.0.0/33:22",
+            "host:22",
+            "10.0.0.0/8:22-",
+            "10.0.0.0/8:90-80",
+            "10.0.0.0/8:70000",
+            "10.0.0.0/8:",
+        ] {
+            assert!(bad.parse::<Rule>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_match_exactly() {
+        let credentials = Credentials {
+            username: "ann".into(),
+            password: "secret".into(),
+        };
+        assert!(credentials.check("ann", "secret"));
+        assert!(!credentials.check("ann", "secreT"));
+        assert!(!credentials.check("ann", "secret2"));
+        assert!(!credentials.check("bob", "secret"));
+        assert!(!format!("{credentials:?}").contains("secret"));
+    }
+}

@@ -1,0 +1,419 @@
+//! The entry: accepts TCP clients and carries each one as a gomux stream to the exit.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use gomux::{Error, Pool, PooledSession, Session, Stream};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, info_span, warn, Instrument, Span};
+
+use crate::config::mux_config;
+use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
+use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::relay::{accept, carry};
+
+/// How the entry keeps its connections to the exit, and how long clients wait for one.
+#[derive(Debug, Clone)]
+pub struct EntryOptions {
+    /// How the entry dials the exit (unused when the exit dials in).
+    pub redial: Redial,
+    /// How many connections the entry keeps to the exit when it dials it (`--connections`).
+    pub connections: usize,
+    /// How long a new client waits for a connection to the exit before it is turned away.
+    pub client_wait: Duration,
+}
+
+impl Default for EntryOptions {
+    fn default() -> EntryOptions {
+        EntryOptions {
+            redial: Redial::default(),
+            connections: 1,
+            client_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One gomux connection to the exit. `number` counts the connections this entry has had, so
+/// logs can tell them apart and a client can wait for a *newer* one than a connection that
+/// just failed it.
+#[derive(Clone)]
+struct Link {
+    number: u64,
+    session: Session,
+    /// Tells the clients it carries that it has ended.
+    end: SessionEnd,
+}
+
+/// Runs the entry: accepts clients on `clients` and carries each one as a stream over a gomux
+/// connection to the exit. Either the entry dials the exit, keeping `options.connections` of
+/// them in a [`Pool`] (each client goes to the one with the fewest, and one that is lost is
+/// dialled again), or the exit dials in (`Peer::Accept`; the latest connection carries new
+/// clients).
+///
+/// Runs until `shutdown` begins, then closes its listeners, dials no more, lets the clients
+/// being relayed finish and closes its gomux connections (see [`Shutdown`]), and returns how
+/// that went. Dropping the future (or aborting its task) stops the dialling, or the accepting
+/// of exits, at once; client connections already being forwarded then run in their own tasks
+/// and finish on their own.
+///
+/// Every gomux connection is secured as `meeting` says before its session starts: with TLS,
+/// the exit must show the pinned certificate, whichever end dials.
+pub async fn run_entry(
+    clients: TcpListener,
+    exit: Peer,
+    options: EntryOptions,
+    meeting: Meeting,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let work = Work::default();
+    let connecting = work.sessions.track();
+    let (exits, connections) = match exit {
+        Peer::Dial(addr) => {
+            let dialled = Dialled::new(addr, &options, meeting, &shutdown, &work);
+            let keep = dialled.clone().keep();
+            (
+                Exits::Dialled(dialled),
+                tokio::spawn(tracked(connecting, keep)),
+            )
+        }
+        Peer::Accept(listener) => {
+            // The current connection is published through a watch channel: `None` while there
+            // is none. Every client task reads the latest value; only the tasks that accept the
+            // connections write it.
+            let (publish, links) = watch::channel(None);
+            let accept = {
+                let (shutdown, work) = (shutdown.clone(), work.clone());
+                accept_sessions(
+                    listener,
+                    "exit",
+                    meeting,
+                    shutdown.clone(),
+                    work.clone(),
+                    move |number, session| {
+                        let (publish, shutdown, work) =
+                            (publish.clone(), shutdown.clone(), work.clone());
+                        async move {
+                            let reason =
+                                carry_clients(number, session, &publish, &shutdown, &work).await;
+                            // When shutting down, the drain has logged how it went.
+                            if !shutdown.begin.is_cancelled() {
+                                if reason.is_graceful() {
+                                    info!(%reason, "exit disconnected"); // it was shut down on purpose
+                                } else {
+                                    warn!(%reason, "exit disconnected");
+                                }
+                            }
+                        }
+                    },
+                )
+            };
+            (
+                Exits::Latest(links),
+                tokio::spawn(tracked(connecting, accept)),
+            )
+        }
+    };
+    let _connections = AbortOnDrop(connections);
+
+    let mut count = 0u64;
+    loop {
+        let (socket, peer) = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => break,
+            accepted = accept(&clients) => accepted,
+        };
+        count += 1;
+
+        // Every log line about this client carries its number and address; the session and
+        // stream ids are filled in once they are known.
+        let span = info_span!(
+            "client",
+            client = count,
+            %peer,
+            session = tracing::field::Empty,
+            stream = tracing::field::Empty,
+        );
+        // One task per client, so a slow one never holds up the accept loop or the others.
+        let client = serve_client(socket, exits.clone(), options.client_wait, shutdown.clone());
+        tokio::spawn(tracked(work.relays.track(), client).instrument(span));
+    }
+    // Clients that connect from now on are refused.
+    drop(clients);
+    work.wind_down(&shutdown).await
+}
+
+/// How a client reaches the exit.
+#[derive(Clone)]
+enum Exits {
+    /// Through the entry's own connections to the exit.
+    Dialled(Dialled),
+    /// Through the latest connection an exit dialled in on: `None` while there is none.
+    Latest(watch::Receiver<Option<Link>>),
+}
+
+/// The entry's connections to the exit when it dials it: a [`Pool`] of `--connections`, and
+/// what the clients carried by each session need to learn of its end.
+#[derive(Clone)]
+struct Dialled {
+    pool: Pool,
+    /// The end of every session that carries clients, by the pool's number for it. Made when
+    /// the first client is carried by the session, with a task that waits for its end.
+    ends: Arc<Mutex<HashMap<u64, SessionEnd>>>,
+    /// Cuts the relays of every session at once: the pool is drained as one.
+    cut: CancellationToken,
+    /// How long a client waits between two attempts to open a stream while no session can be
+    /// had: the pool fails an open at once while it backs off from the exit.
+    retry: Duration,
+    shutdown: Shutdown,
+    work: Work,
+}
+
+impl Dialled {
+    fn new(
+        exit: SocketAddr,
+        options: &EntryOptions,
+        meeting: Meeting,
+        shutdown: &Shutdown,
+        work: &Work,
+    ) -> Dialled {
+        let Redial {
+            backoff_initial,
+            backoff_max,
+            dial_timeout,
+        } = options.redial;
+        let pool = Pool::builder(options.connections)
+            .config(mux_config())
+            .backoff(backoff_initial, backoff_max)
+            .connect_timeout(dial_timeout + meeting.handshakes.timeout)
+            .build(move || {
+                let meeting = meeting.clone();
+                async move {
+                    match dial(exit, dial_timeout, &meeting).await {
+                        Ok(socket) => {
+                            info!(%exit, "connected to the exit");
+                            Ok(socket)
+                        }
+                        Err(error) => {
+                            warn!(%exit, %error, "cannot reach the exit");
+                            Err(error)
+                        }
+                    }
+                }
+            });
+        Dialled {
+            pool,
+            ends: Arc::default(),
+            cut: CancellationToken::new(),
+            retry: backoff_initial,
+            shutdown: shutdown.clone(),
+            work: work.clone(),
+        }
+    }
+
+    /// Makes the connections to the exit at once, rather than when the first client comes,
+    /// then waits for the shutdown, and drains them all.
+    async fn keep(self) {
+        let (shutdown, work) = (&self.shutdown, &self.work);
+        tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => {}
+            live = self.pool.fill() => {
+                // Those that failed have said so; clients bring the next attempts.
+                if live > 0 {
+                    info!(live, connections = self.pool.size(), "connections to the exit made");
+                }
+                shutdown.begin.cancelled().await;
+            }
+        }
+        let end = SessionEnd {
+            ended: CancellationToken::new(),
+            cut: self.cut.clone(),
+        };
+        drain(&self.pool, shutdown, work, &end).await;
+        // Sessions no client used, or that ended meanwhile, had nothing to drain; no more
+        // connects either way.
+        let _ = self.pool.close().await;
+    }
+
+    /// Opens a stream for a client on the session with the fewest, waiting up to `wait` for
+    /// one to be had. `None` when the client is to be turned away.
+    async fn open(&self, wait: Duration) -> Option<(u64, Stream, SessionEnd)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let opened = tokio::select! {
+                biased;
+                () = self.shutdown.begin.cancelled() => {
+                    debug!("shutting down; turning the client away");
+                    return None;
+                }
+                opened = tokio::time::timeout_at(deadline, self.pool.open_with_session()) => opened,
+            };
+            let error = match opened {
+                Ok(Ok((stream, pooled))) => {
+                    let end = self.end_of(&pooled);
+                    return Some((pooled.number(), stream, end));
+                }
+                Ok(Err(Error::TooManyStreams)) => {
+                    warn!("cannot open a stream, too many; closing the client");
+                    return None;
+                }
+                Ok(Err(error)) => error,
+                Err(_) => Error::from(io::Error::from(io::ErrorKind::TimedOut)),
+            };
+            if self.pool.is_closed() {
+                return None;
+            }
+            // No session can be had now (the pool backs off from an exit that cannot be
+            // reached): wait a little, until the deadline.
+            let retry = (tokio::time::Instant::now() + self.retry).min(deadline);
+            if retry >= deadline {
+                warn!(%error, ?wait, "no connection to the exit; turning the client away");
+                return None;
+            }
+            tokio::time::sleep_until(retry).await;
+        }
+    }
+
+    /// The end of `pooled`, made (with a task waiting for it) by the first client it carries.
+    fn end_of(&self, pooled: &PooledSession) -> SessionEnd {
+        let number = pooled.number();
+        let mut ends = self.ends.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(end) = ends.get(&number) {
+            return end.clone();
+        }
+        let end = SessionEnd {
+            ended: CancellationToken::new(),
+            cut: self.cut.clone(),
+        };
+        ends.insert(number, end.clone());
+        drop(ends);
+        let watch = {
+            let (session, end) = (pooled.session().clone(), end.clone());
+            let (ends, shutdown) = (Arc::clone(&self.ends), self.shutdown.clone());
+            async move {
+                let reason = session.closed().await;
+                end.ended.cancel();
+                ends.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&number);
+                // When shutting down, the drain has logged how it went.
+                if !shutdown.begin.is_cancelled() {
+                    // A CloseMux: the exit was shut down (or restarted) on purpose.
+                    if reason.is_graceful() {
+                        info!(%reason, "connection to the exit closed by the exit");
+                    } else {
+                        warn!(%reason, "connection to the exit lost");
+                    }
+                }
+            }
+        };
+        let span = info_span!(parent: None, "session", session = number, slot = pooled.slot());
+        tokio::spawn(tracked(self.work.sessions.track(), watch).instrument(span));
+        end
+    }
+}
+
+/// Accepts gomux connections from exits, each of which carries the clients that arrive while
+/// shutdown begins, drains it.
+async fn carry_clients(
+    number: u64,
+    session: Session,
+    publish: &watch::Sender<Option<Link>>,
+    shutdown: &Shutdown,
+    work: &Work,
+) -> Error {
+    let end = SessionEnd::default();
+    publish.send_replace(Some(Link {
+        number,
+        session: session.clone(),
+        end: end.clone(),
+    }));
+
+    // Nothing to do until the connection dies, or the shutdown begins. Then every client it
+    // carried is told (after a drain, none is left).
+    let reason = tokio::select! {
+        biased;
+        reason = session.closed() => reason,
+        () = shutdown.begin.cancelled() => {
+            drain(&session, shutdown, work, &end).await;
+            session.closed().await
+        }
+    };
+    end.ended.cancel();
+    // Withdraw it, unless a newer connection has taken its place meanwhile (an exit that
+    // dialled in again before its old connection was found dead).
+    publish.send_if_modified(|current| {
+        let withdraw = current.as_ref().is_some_and(|link| link.number == number);
+        if withdraw {
+            *current = None;
+        }
+        withdraw
+    });
+    reason
+}
+
+/// Forwards one client connection through a gomux connection to the exit.
+async fn serve_client(client: TcpStream, exits: Exits, wait: Duration, shutdown: Shutdown) {
+    let opened = match exits {
+        Exits::Dialled(dialled) => dialled.open(wait).await,
+        Exits::Latest(links) => open_on_latest(links, wait, &shutdown).await,
+    };
+    let Some((number, stream, end)) = opened else {
+        return;
+    };
+    let span = Span::current();
+    span.record("session", number);
+    span.record("stream", stream.id());
+    debug!("forwarding");
+    // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
+    // by it at once: `carry` then closes the client too.
+    carry(client, stream, &end).await;
+}
+
+/// Opens a stream on the latest connection an exit dialled in on, waiting up to `wait` for
+/// one. `None` when the client is to be turned away.
+async fn open_on_latest(
+    mut links: watch::Receiver<Option<Link>>,
+    wait: Duration,
+    shutdown: &Shutdown,
+) -> Option<(u64, Stream, SessionEnd)> {
+    let deadline = tokio::time::Instant::now() + wait;
+
+    // A connection can die between being published and our open, so a failed open waits for a
+    // newer one, until the deadline. A client that has no stream yet when the shutdown begins
+    // is turned away: it is not being relayed, and a draining connection opens no stream.
+    let mut failed = 0;
+    loop {
+        let newer = links.wait_for(|link| link.as_ref().is_some_and(|l| l.number > failed));
+        let link = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => {
+                debug!("shutting down; turning the client away");
+                return None;
+            }
+            newer = tokio::time::timeout_at(deadline, newer) => match newer {
+                Ok(Ok(link)) => link.clone(),
+                Ok(Err(_)) => return None, // nothing publishes connections any more: the entry stopped
+                Err(_) => {
+                    warn!(?wait, "no connection to the exit; turning the client away");
+                    return None;
+                }
+            },
+        };
+        let Some(link) = link else { continue };
+        match link.session.open().await {
+            Ok(stream) => return Some((link.number, stream, link.end)),
+            Err(error) if error.is_session_end() => failed = link.number,
+            Err(error) => {
+                // Only this open failed (the session is at its stream limit).
+                warn!(%error, "cannot open a stream; closing the client");
+                return None;
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The exit: serves the streams of gomux connections from the entry, connecting each one to a
+//! fixed target or, in SOCKS5 mode, to the address its request names; within the allow-list.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use gomux::{Error, Session, Stream};
+use tokio::sync::Semaphore;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::config::{AllowList, Credentials, Handshakes, TARGET_CONNECT_TIMEOUT};
+use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
+use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::relay::{carry, connect};
+use crate::socks::forward_socks;
+
+/// What an exit may do, and how it dials the entry when it does.
+#[derive(Debug, Clone, Default)]
+pub struct ExitOptions {
+    /// How the exit dials the entry (unused when the entry dials in).
+    pub redial: Redial,
+    /// The targets it may connect streams to (`--allow`; by default, any).
+    pub allow: AllowList,
+    /// The SOCKS5 exit's settings (unused with a fixed target).
+    pub socks: SocksOptions,
+}
+
+/// How the SOCKS5 exit greets its clients.
+#[derive(Debug, Clone, Default)]
+pub struct SocksOptions {
+    /// The user name and password clients must give (RFC 1929); `None` (the default) asks for
+    /// none, and then whoever can open a stream (the entry's clients) may use the proxy.
+    pub credentials: Option<Credentials>,
+    /// Bounds on the SOCKS5 greetings and requests in progress.
+    pub handshakes: Handshakes,
+}
+
+/// What every stream of the exit is served with, shared by all its sessions.
+pub(crate) struct Serving {
+    pub(crate) destination: Destination,
+    pub(crate) allow: AllowList,
+    pub(crate) credentials: Option<Credentials>,
+    pub(crate) socks_timeout: std::time::Duration,
+    /// One permit per SOCKS5 handshake in progress.
+    pub(crate) socks_handshakes: Arc<Semaphore>,
+}
+
+/// Where the exit connects its streams.
+#[derive(Debug, Clone, Copy)]
+pub enum Destination {
+    /// Every stream to this target.
+    Fixed(SocketAddr),
+    /// Each stream to the address its SOCKS5 request names.
+    Socks,
+}
+
+impl std::fmt::Display for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Destination::Fixed(addr) => addr.fmt(f),
+            Destination::Socks => f.write_str("SOCKS5"),
+        }
+    }
+}
+
+/// Runs the exit: serves the streams of gomux connections from entries, connecting each one
+/// to `destination`. With `Peer::Accept` it accepts connections from any number of entries;
+/// with `Peer::Dial` it dials the entry, and dials again (as `redial` says) whenever the
+/// connection is lost.
+///
+/// Runs until `shutdown` begins, then takes no new gomux connection and dials no more, lets
+/// the streams being served finish (refusing new ones) and closes its gomux connections (see
+/// [`Shutdown`]), and returns how that went. Dropping the future (or aborting its task) stops
+/// the accepting, or the dialling, at once; sessions already accepted then run in their own
+/// tasks and finish on their own.
+///
+/// Every gomux connection is secured as `meeting` says before its session starts: with TLS,
+/// the entry must show the pinned certificate, whichever end dials.
+pub async fn run_exit(
+    entry: Peer,
+    destination: Destination,
+    options: ExitOptions,
+    meeting: Meeting,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let serving = Arc::new(Serving {
+        destination,
+        allow: options.allow,
+        credentials: options.socks.credentials,
+        socks_timeout: options.socks.handshakes.timeout,
+        socks_handshakes: Arc::new(Semaphore::new(options.socks.handshakes.limit)),
+    });
+    let work = Work::default();
+    let connecting = work.sessions.track();
+    let _connections = AbortOnDrop(match entry {
+        Peer::Accept(listener) => {
+            let (shutdown_, work_) = (shutdown.clone(), work.clone());
+            let accept = accept_sessions(
+                listener,
+                "entry",
+                meeting,
+                shutdown.clone(),
+                work.clone(),
+                move |_, session| {
+                    let (serving, shutdown, work) =
+                        (Arc::clone(&serving), shutdown_.clone(), work_.clone());
+                    async move {
+                        let (reason, streams) =
+                            serve_streams(session, &serving, &shutdown, &work).await;
+                        info!(%reason, streams, "entry disconnected");
+                    }
+                },
+            );
+            tokio::spawn(tracked(connecting, accept))
+        }
+        Peer::Dial(addr) => {
+            let dialler = Dialler::new(addr, options.redial, meeting, "entry");
+            let dial = dial_entry(dialler, addr, serving, shutdown.clone(), work.clone());
+            tokio::spawn(tracked(connecting, dial))
+        }
+    });
+    shutdown.begin.cancelled().await;
+    work.wind_down(&shutdown).await
+}
+
+/// Keeps a gomux connection to the entry up, serving its streams, until the shutdown begins.
+async fn dial_entry(
+    mut dialler: Dialler,
+    addr: SocketAddr,
+    serving: Arc<Serving>,
+    shutdown: Shutdown,
+    work: Work,
+) {
+    loop {
+        let session = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => return,
+            session = dialler.connect() => session,
+        };
+        let span = info_span!("session", session = dialler.number);
+        span.in_scope(|| info!(entry = %addr, "connected to the entry"));
+        let (reason, streams) = serve_streams(session, &serving, &shutdown, &work)
+            .instrument(span.clone())
+            .await;
+        if shutdown.begin.is_cancelled() {
+            return; // shutting down: no new connection (the drain has logged how it went)
+        }
+        span.in_scope(|| {
+            // A CloseMux: the entry was shut down (or restarted) on purpose.
+            if reason.is_graceful() {
+                info!(%reason, streams, "connection to the entry closed by the entry");
+            } else {
+                warn!(%reason, streams, "connection to the entry lost");
+            }
+        });
+    }
+}
+
+/// Connects every stream of one gomux connection to `destination`, until the connection ends;
+/// once the shutdown begins, drains it. Returns why it ended, and how many streams it carried.
+async fn serve_streams(
+    session: Session,
+    serving: &Arc<Serving>,
+    shutdown: &Shutdown,
+    work: &Work,
+) -> (Error, u64) {
+    // Told when the session ends. Not when `accept` fails: a draining session fails it at
+    // once, while its streams go on.
+    let end = SessionEnd::default();
+    let mut streams = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => {
+                drain(&session, shutdown, work, &end).await;
+                break;
+            }
+            accepted = session.accept() => accepted,
+        };
+        let Ok(stream) = accepted else {
+            break; // the session has ended
+        };
+        streams += 1;
+        // The span nests in the session's, so each line names both ids.
+        let span = info_span!("stream", stream = stream.id());
+        let end = end.clone();
+        let forward = match serving.destination {
+            Destination::Fixed(target) => {
+                let allowed = serving.allow.allows(target);
+                Box::pin(async move { forward(stream, end, target, allowed).await })
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+            }
+            Destination::Socks => {
+                // Taken before the task, so that a flood of streams that never send their
+                // request holds at most the limit of tasks; beyond it, a stream is closed at
+                // once (dropped, which resets it).
+                let Ok(permit) = Arc::clone(&serving.socks_handshakes).try_acquire_owned() else {
+                    span.in_scope(|| {
+                        warn!("too many SOCKS5 handshakes in progress; closing the stream")
+                    });
+                    continue;
+                };
+                Box::pin(forward_socks(stream, end, Arc::clone(serving), permit))
+            }
+        };
+        tokio::spawn(tracked(work.relays.track(), forward).instrument(span));
+    }
+    let reason = session.closed().await;
+    end.ended.cancel();
+    (reason, streams)
+}
+
+/// Connects one stream to the target and relays until both directions are done. A target the
+/// allow-list forbids is not dialled: the stream is closed.
+async fn forward(mut stream: Stream, end: SessionEnd, target: SocketAddr, allowed: bool) {
+    if !allowed {
+        warn!(%target, "the target is not allowed (--allow); closing the stream");
+        let _ = stream.close().await;
+        return;
+    }
+    let connected = tokio::select! {
+        connected = connect(target, TARGET_CONNECT_TIMEOUT) => connected,
+        // The session ended meanwhile (a shutdown cut it, say): nobody is left to serve.
+        () = end.ended.cancelled() => return,
+    };
+    let socket = match connected {
+        Ok(socket) => socket,
+        Err(error) => {
+            // Close this stream only: its client is closed, the session goes on.
+            warn!(%target, %error, "cannot reach the target; closing the stream");
+            let _ = stream.close().await;
+            return;
+        }
+    };
+    debug!("forwarding");
+    carry(socket, stream, &end).await;
+}

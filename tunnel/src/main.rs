@@ -1,0 +1,120 @@
+//! `gomux-tunnel`: see the crate's README, or `gomux-tunnel --help`.
+
+#![forbid(unsafe_code)]
+
+use std::io::{self, IsTerminal};
+use std::process;
+
+use gomux_tunnel::cli::{parse_args, run, USAGE};
+use gomux_tunnel::Shutdown;
+use tracing::{info, warn};
+
+#[tokio::main]
+async fn main() {
+    // `RUST_LOG` decides what is logged; without it, `info` shows connections between the
+    // ends coming and going but not every client.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        // Colours only for a person watching, not in log files.
+        .with_ansi(io::stderr().is_terminal())
+        .init();
+
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args
+        .first()
+        .is_some_and(|arg| ["-h", "--help", "help"].contains(&arg.as_str()))
+    {
+        println!("{USAGE}");
+        return;
+    }
+    // Check the whole command line before starting anything.
+    let args = parse_args(&args).unwrap_or_else(|problem| {
+        eprintln!("gomux-tunnel: {problem}\n\n{USAGE}");
+        process::exit(2)
+    });
+
+    // Take over the signals before anything starts, so that none arrives while their default
+    // action (ending the process on the spot) still applies.
+    let signals = Signals::new().unwrap_or_else(|error| {
+        eprintln!("gomux-tunnel: cannot handle signals: {error}");
+        process::exit(1)
+    });
+    let shutdown = Shutdown::new(args.drain);
+    tokio::spawn(shut_down_on_signals(signals, shutdown.clone()));
+
+    // Runs until the work fails, or a signal has shut it down.
+    if let Err(error) = run(args, shutdown).await {
+        eprintln!("gomux-tunnel: {error}");
+        process::exit(1);
+    }
+}
+
+/// Turns signals into the steps of a shutdown: the first begins it, the second cuts what is
+/// left, the third exits at once (should closing the gomux connections hang).
+async fn shut_down_on_signals(mut signals: Signals, shutdown: Shutdown) {
+    let signal = signals.next().await;
+    info!(
+        signal,
+        drain = ?shutdown.drain,
+        "shutting down; send it again to cut the connections still open"
+    );
+    shutdown.begin.cancel();
+    let signal = signals.next().await;
+    warn!(signal, "cutting the connections still open");
+    shutdown.cut.cancel();
+    let signal = signals.next().await;
+    warn!(signal, "exiting at once");
+    process::exit(130);
+}
+
+/// The signals that shut the tunnel down: SIGINT (Ctrl-C) and SIGTERM (what service managers
+/// and container runtimes send) on Unix, Ctrl-C elsewhere.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: from now on these signals no longer end the process by
+    /// themselves.
+    fn new() -> io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
+        }
+    }
+
+    /// Waits for the next signal, and names it.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                Some(()) = self.interrupt.recv() => "SIGINT",
+                Some(()) = self.terminate.recv() => "SIGTERM",
+                // Neither can deliver any more (the runtime is shutting down).
+                else => std::future::pending().await,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => "Ctrl-C",
+                // Without a handler no signal can come: wait for ever rather than shut down.
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+}

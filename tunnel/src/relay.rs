@@ -1,0 +1,287 @@
+//! Relaying bytes between a TCP connection and a gomux stream (or, in the plain relay,
+//! another TCP connection), and the TCP plumbing both ends share.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use gomux::stream::Stopped;
+use gomux::{Error, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::config::{ACCEPT_RETRY, COPY_BUFFER, DELIVERY_GRACE, TARGET_CONNECT_TIMEOUT};
+use crate::drain::{tracked, SessionEnd, Shutdown, ShutdownReport, Work};
+
+/// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
+/// `target`, and bytes are copied both ways exactly as the tunnel's ends copy them, half-closes
+/// included. No gomux: this is the baseline the tunnel is measured against.
+///
+/// Shuts down as the tunnel's ends do: once `shutdown` begins, the listener is closed and the
+/// connections being relayed finish, or are cut at the drain deadline or when the shutdown is
+/// cut short.
+pub async fn run_relay(
+    listener: TcpListener,
+    target: SocketAddr,
+    shutdown: Shutdown,
+) -> ShutdownReport {
+    let work = Work::default();
+    // Cancelled to cut the connections still being relayed: each one stands alone until then.
+    let cut = CancellationToken::new();
+    loop {
+        let (client, peer) = tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => break,
+            accepted = accept(&listener) => accepted,
+        };
+        let cut = cut.clone();
+        let relay = async move {
+            let connected = tokio::select! {
+                connected = connect(target, TARGET_CONNECT_TIMEOUT) => connected,
+                () = cut.cancelled() => return,
+            };
+            match connected {
+                Ok(socket) => bridge(client, socket, cut.cancelled()).await,
+                Err(error) => warn!(%target, %error, "cannot reach the target"),
+            }
+        };
+        let span = info_span!("relay", %peer);
+        tokio::spawn(tracked(work.relays.track(), relay).instrument(span));
+    }
+    drop(listener);
+
+    // Without gomux connections to drain, the deadline and the cut are applied here.
+    work.connections
+        .store(work.relays.count(), Ordering::Relaxed);
+    work.log_start(&shutdown);
+    tokio::select! {
+        () = work.relays.idle() => {}
+        () = tokio::time::sleep(shutdown.drain) => {}
+        () = shutdown.cut.cancelled() => {}
+    }
+    // Counted before they are told, so that none ends uncounted.
+    work.cut.store(work.relays.count(), Ordering::Relaxed);
+    cut.cancel();
+    work.relays.idle().await;
+    work.report(&shutdown)
+}
+
+/// Relays between a TCP connection and a gomux stream until both directions are done, the
+/// other end has closed the stream both ways, or the session carrying the stream ends (see
+/// [`SessionEnd`]). See `bridge`.
+///
+/// When the session ends, the relay stops reading the TCP side, whose bytes could not be sent
+/// any more, but goes on writing what the stream still holds to it: when the other end
+/// drained and closed the connection, that is the end of a reply, which the client would
+/// otherwise lose without knowing. Within [`DELIVERY_GRACE`], unless `end.cut` comes first.
+pub async fn carry(tcp: TcpStream, stream: Stream, end: &SessionEnd) {
+    let stop = async {
+        tokio::select! {
+            () = async {
+                end.ended.cancelled().await;
+                tokio::time::sleep(DELIVERY_GRACE).await;
+            } => debug!(grace = ?DELIVERY_GRACE, "the client did not take the rest in time"),
+            () = end.cut.cancelled() => {}
+        }
+    };
+    let tcp = UntilEnded::new(tcp, end.ended.clone());
+    bridge(tcp, EndsWhenPeerCloses(stream), stop).await;
+}
+
+/// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
+/// connection) until both directions are done, or `stop` resolves.
+///
+/// Half-closes travel through: when one side reads end-of-file, the other side's write half is
+/// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
+/// flowing until it ends too. Any error ends both.
+async fn bridge<A, B>(mut tcp: A, mut stream: B, stop: impl Future<Output = ()>)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let relay =
+        tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, COPY_BUFFER, COPY_BUFFER);
+    tokio::select! {
+        result = relay => match result {
+            Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
+            Err(error) => debug!(%error, "ended by an error"),
+        },
+        // A direction blocked reading a TCP side would not notice the end of the session, or
+        // of the relay, until that side sent something, which could be never: stop now.
+        () = stop => debug!("stopped"),
+    }
+    // Returning drops both: the TCP connection closes, and the stream sends its close.
+}
+
+/// The TCP side of a relay, which reads as ended once the session carrying the stream has
+/// (`ended` is cancelled): nothing it sends could go anywhere. The relay then shuts the stream
+/// down, which [`EndsWhenPeerCloses`] lets succeed, and goes on with the other direction, the
+/// rest of the stream, untouched. (Dropping the relay instead would lose what it holds.)
+struct UntilEnded<T> {
+    io: T,
+    ended: CancellationToken,
+    /// Waits for `ended`, so that a read blocked on the TCP side wakes when it is cancelled.
+    waiting: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<T> UntilEnded<T> {
+    fn new(io: T, ended: CancellationToken) -> UntilEnded<T> {
+        UntilEnded {
+            io,
+            waiting: Box::pin(ended.clone().cancelled_owned()),
+            ended,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.ended.is_cancelled() {
+            return Poll::Ready(Ok(())); // end of file
+        }
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            // Registered only while the read waits, so a busy connection does not pay for it.
+            Poll::Pending if this.waiting.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for UntilEnded<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A gomux stream whose end of data counts as an error when the other end has also stopped
+/// reading it: the other end closed the stream both ways (it refused it, its connection to the
+/// target failed, or its client went away), so nothing more can go either way.
+///
+/// Without this, [`bridge`] would pass the end of data on as a half-close and keep waiting for
+/// the TCP side to send (only to find the stream closed) or to close, which a client waiting
+/// for an answer may never do. As an error, it ends the relay at once and closes the TCP
+/// connection.
+///
+/// The session tells how the other end stopped ([`Stream::peer_stopped`]); a refusal (the
+/// other end is shutting down, or its accept backlog was full) is logged, since it says why
+/// the client was turned away.
+struct EndsWhenPeerCloses(Stream);
+
+impl AsyncRead for EndsWhenPeerCloses {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let stream = &mut self.get_mut().0;
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut *stream).poll_read(cx, buf))?;
+        let end_of_data = buf.filled().len() == before && buf.remaining() > 0;
+        if end_of_data {
+            match stream.peer_stopped() {
+                Some(Stopped::Refused) => {
+                    warn!(
+                        "the other end refused the stream (it is shutting down, or its accept \
+                         backlog is full)"
+                    );
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        "the other end refused the stream",
+                    )));
+                }
+                // Closed, or done sending and no longer reading: nothing more can go either way.
+                Some(_) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "the other end closed the stream",
+                    )));
+                }
+                None => {}
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for EndsWhenPeerCloses {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = ready!(Pin::new(&mut self.get_mut().0).poll_flush(cx));
+        Poll::Ready(done_if_session_ended(result))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = ready!(Pin::new(&mut self.get_mut().0).poll_shutdown(cx));
+        Poll::Ready(done_if_session_ended(result))
+    }
+}
+
+/// A flush or shutdown that failed because the session has ended counts as done: the write
+/// half is closed with the session. As an error, it would end the relay, and with it the other
+/// direction, which may still be delivering what the stream holds (see [`carry`]).
+fn done_if_session_ended(result: io::Result<()>) -> io::Result<()> {
+    match result {
+        Err(error) if Error::from_io(&error).is_some_and(Error::is_session_end) => Ok(()),
+        other => other,
+    }
+}
+
+/// Dials `addr` with Nagle's algorithm off, giving up after `limit`.
+pub(crate) async fn connect(addr: SocketAddr, limit: Duration) -> io::Result<TcpStream> {
+    let socket = tokio::time::timeout(limit, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    // gomux frames and request/response protocols both write small messages: without
+    // TCP_NODELAY, Nagle's algorithm holds them back for an acknowledgement.
+    socket.set_nodelay(true)?;
+    Ok(socket)
+}
+
+/// Accepts the next connection, with Nagle's algorithm off. A failed accept (out of file
+/// descriptors, a connection reset while it waited in the backlog) ends nothing: it is logged
+/// and the listener tried again after a pause.
+pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((socket, peer)) => match socket.set_nodelay(true) {
+                Ok(()) => return (socket, peer),
+                // Only a connection that is already gone refuses the option.
+                Err(error) => debug!(%peer, %error, "dropping a connection that failed at once"),
+            },
+            Err(error) => {
+                warn!(%error, "accept failed; retrying");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+            }
+        }
+    }
+}
