@@ -360,6 +360,36 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_that_drains_a_burst_in_two_reads_within_the_round_trip_grows_the_window() {
+        let mut tuner = Tuner::default();
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        // Half the window in one frame into an empty buffer...
+        tuner.on_data(target / 2, 0, target, rtt, 100);
+        // ...read in part, then the rest, both within the round trip.
+        assert!(!tuner.on_read(false, rtt, 105), "part of the burst is read");
+        assert!(
+            tuner.on_read(true, rtt, 110),
+            "the rest, within the round trip"
+        );
+    }
+
+    #[test]
+    fn a_burst_counts_only_into_a_buffer_at_most_a_quarter_full() {
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        for (buffered, grows) in [(target / 4, true), (target / 4 + 1, false)] {
+            let mut tuner = Tuner::default();
+            tuner.on_data(target / 2, buffered, target, rtt, 100);
+            assert_eq!(
+                tuner.on_read(true, rtt, 101),
+                grows,
+                "{buffered} bytes buffered when the burst arrived"
+            );
+        }
+    }
+
+    #[test]
     fn send_credit_overflow_is_detected() {
         assert_eq!(add_send_credit(10, 5), Some(15));
         assert_eq!(add_send_credit(u32::MAX - 1, 1), Some(u32::MAX));
