@@ -12,12 +12,14 @@
 # redis-cli, comes back byte for byte.
 #
 # usage: scripts/redis-tunnel.sh [--quick] [--requests N] [--clients N] [--connections K]
-#                                [--tests LIST]
+#                                [--tests LIST] [--order LIST]
 #   --quick          10000 requests per command instead of 100000 (for CI)
 #   --requests N     requests per command (redis-benchmark -n)
 #   --clients N      parallel connections (redis-benchmark -c), default 50
 #   --connections K  gomux connections from the tunnel's entry to its exit, default 1
 #   --tests LIST     only these commands (redis-benchmark -t), e.g. set,get
+#   --order LIST     the order in which direct, relay and tunnel are measured, default
+#                    direct,relay,tunnel (scripts/benchmarks.sh turns it from run to run)
 #
 # Needs redis-server, redis-cli and redis-benchmark (Debian: apt-get install -y redis-server
 # redis-tools) and cargo; installs nothing. Every process it starts is stopped when it exits.
@@ -30,16 +32,17 @@ requests=100000
 clients=50
 connections=1
 tests=""
+order=direct,relay,tunnel
 value_bytes=$((8 * 1024 * 1024))
 
 usage() {
-    sed -n '/^# usage:/,/^#   --tests/s/^# \{0,1\}//p' "$0"
+    sed -n '/^# usage:/,/^#                    direct,relay/s/^# \{0,1\}//p' "$0"
 }
 
 while (($#)); do
     case "$1" in
     --quick) requests=10000 ;;
-    --requests | --clients | --connections | --tests)
+    --requests | --clients | --connections | --tests | --order)
         if (($# < 2)); then
             echo "error: $1 needs a value" >&2
             exit 2
@@ -49,6 +52,7 @@ while (($#)); do
         --clients) clients=$2 ;;
         --connections) connections=$2 ;;
         --tests) tests=$2 ;;
+        --order) order=$2 ;;
         esac
         shift
         ;;
@@ -64,6 +68,11 @@ while (($#)); do
     esac
     shift
 done
+# Each of the three once, in any order: compare() needs all three.
+if [ "$(tr ',' '\n' <<<"$order" | sort | tr '\n' ' ')" != "direct relay tunnel " ]; then
+    echo "error: --order lists direct, relay and tunnel once each, not $order" >&2
+    exit 2
+fi
 
 # ---------------------------------------------------------------------------------------------
 # What is needed, and where things go
@@ -194,12 +203,16 @@ compare() {
         }' "$work/$2.txt" "$work/$3.txt" "$work/$4.txt"
 }
 
-bench direct-k1 "$redis_port" 1
-bench relay-k1 "$relay_near_port" 1
-bench tunnel-k1 "$entry_port" 1
-bench direct-k0 "$redis_port" 0
-bench relay-k0 "$relay_near_port" 0
-bench tunnel-k0 "$entry_port" 0
+echo "order:    $order"
+for keepalive in 1 0; do
+    for target in ${order//,/ }; do
+        case $target in
+        direct) bench "direct-k$keepalive" "$redis_port" "$keepalive" ;;
+        relay) bench "relay-k$keepalive" "$relay_near_port" "$keepalive" ;;
+        tunnel) bench "tunnel-k$keepalive" "$entry_port" "$keepalive" ;;
+        esac
+    done
+done
 
 echo
 echo "==> results: -n $requests -c $clients${tests:+ -t $tests}, requests per second"
