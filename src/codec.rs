@@ -355,6 +355,21 @@ mod tests {
     }
 
     #[test]
+    fn the_encoder_reserves_room_for_one_frame() {
+        let mut dst = BytesMut::new();
+        FrameCodec::new()
+            .encode(Frame::data(1, vec![3; 1000]), &mut dst)
+            .expect("valid");
+        assert_eq!(dst.len(), HEADER_LEN + 1000);
+        assert!(
+            dst.capacity() < 2 * (HEADER_LEN + 1000),
+            "{} bytes of room for a frame of {}",
+            dst.capacity(),
+            HEADER_LEN + 1000
+        );
+    }
+
+    #[test]
     fn a_data_payload_of_exactly_the_limit_is_accepted() {
         let mut codec = FrameCodec::with_max_payload(16);
         assert_eq!(codec.max_payload(), 16);
