@@ -438,7 +438,7 @@ def main():
             ["`redis-benchmark` against Redis directly, through two plain TCP relays in a row (the",
              "same two hops and copying as the tunnel, one TCP connection per client) and through",
              "the tunnel example, whose entry carries the clients over K gomux connections; each K",
-             f"is its own run of the script, {redis_runs} time{'s' if redis_runs > 1 else ''} after the rounds"
+             f"is its own run of the script, {'once' if redis_runs == 1 else f'{redis_runs} times'} after the rounds"
              + (", the order of direct, relays and tunnel turning from run to run (each first in one"
                 " run and last in another)" if redis_runs > 1 else "")
              + ". Requests per second, the median over the runs with the range in brackets; a ratio is"
