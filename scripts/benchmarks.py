@@ -6,9 +6,10 @@ WORK_DIR holds what the measuring script wrote:
 
 - results: "round key value" lines, one per figure and round;
 - meta: "key<TAB>value" lines: the machine, the time, the commit and the commands run;
-- redis-K.txt: scripts/redis-tunnel.sh's output with K gomux connections (or redis-K.failed:
-  why there is none);
+- redis-K-R.txt: scripts/redis-tunnel.sh's output with K gomux connections, run R (or
+  redis-K-R.failed: why there is none);
 - security.txt: scripts/tunnel-security.sh's output (or security.failed: why there is none);
+- order: "round<TAB>command<TAB>rows in order" lines, the order the rows of a round ran in;
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
 - alloc.txt: the output of the allocation test (alloc.failed if it failed);
 - loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
@@ -200,6 +201,32 @@ def redis_tables(text):
     return tables
 
 
+def redis_summary(runs, mode):
+    """The rows of one -k mode over the runs of one K: [(command, [(direct, relay, tunnel)])],
+    in the order of the first run that has the command."""
+    commands = {}
+    for run_tables in runs:
+        for command, direct, relay, tunnel, _ in run_tables.get(mode, []):
+            if direct > 0 and relay > 0:
+                commands.setdefault(command, []).append((direct, relay, tunnel))
+    return list(commands.items())
+
+
+def median_range(values, spec):
+    """"median (min–max)" of values formatted with spec, or the one value."""
+    text = format(statistics.median(values), spec)
+    if len(values) > 1:
+        text += f" ({format(min(values), spec)}–{format(max(values), spec)})"
+    return text
+
+
+def ratio_range(values):
+    text = r2(statistics.median(values))
+    if len(values) > 1:
+        text += f" ({r2(min(values))}–{r2(max(values))})"
+    return text
+
+
 def perf_row(line, cells):
     """A perf report line ("12.34%  object  [.] symbol") as table cells, code-formatted."""
     parts = line.split(None, cells - 1)
@@ -260,12 +287,20 @@ def main():
     meta = run.meta
     counts = run.streams
 
-    redis_results = {}  # K -> tables, or the reason there are none
+    redis_results = {}  # K -> the tables of every run that has them, or why none has
+    redis_runs = int(meta.get("redis-runs", "1"))
     if meta.get("redis") == "true":
         for k in meta.get("redis-connections", "").split():
-            failed = run.file(f"redis-{k}.failed")
-            text = run.file(f"redis-{k}.txt")
-            redis_results[k] = failed.strip() if failed else redis_tables(text or "")
+            runs, failures = [], []
+            for r in range(1, redis_runs + 1):
+                failed = run.file(f"redis-{k}-{r}.failed")
+                if failed:
+                    failures.append(f"run {r}: {failed.strip()}")
+                else:
+                    runs.append(redis_tables(run.file(f"redis-{k}-{r}.txt") or ""))
+            # A run that failed leaves the figures of the others standing, but no range that
+            # hides it: the failure is shown beside them.
+            redis_results[k] = (runs, failures)
 
     allocs = []  # (case, units, what, calls, per unit, bytes)
     alloc_text = run.file("alloc.txt") or ""
@@ -349,18 +384,22 @@ def main():
                  TARGET_RTT, at_least=False)
     ratio_target(f"{meta['many-streams']} × 1 KiB echo ≥ {TARGET_ECHO:.0f} × as fast as Go gomux's",
                  "many-go-echo", "many-rust-echo", TARGET_ECHO)
-    redis_one = redis_results.get("1")
-    if isinstance(redis_one, dict) and redis_one.get("-k 1"):
-        value = geometric_mean([t / r for _, _, r, t, _ in redis_one["-k 1"] if r > 0])
+    redis_name = f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays"
+    redis_runs_one, redis_failures_one = redis_results.get("1", ([], []))
+    redis_rows_one = redis_summary(redis_runs_one, "-k 1")
+    if redis_failures_one:
+        targets.append((redis_name, "failed: " + "; ".join(redis_failures_one), "**failed**"))
+    elif redis_rows_one:
+        # Per command, the median over the runs of tunnel ÷ relays within each run.
+        value = geometric_mean([statistics.median([t / r for _, r, t in runs]) for _, runs in redis_rows_one])
         target(
-            f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays",
-            value, TARGET_REDIS, True, f"{r2(value)} (geometric mean over the commands)",
+            redis_name, value, TARGET_REDIS, True,
+            f"{r2(value)} (geometric mean over the commands of the median over"
+            f" {len(redis_runs_one)} run{'s' if len(redis_runs_one) > 1 else ''})",
         )
     else:
-        reason = redis_one if isinstance(redis_one, str) else "not measured (--no-redis)"
-        targets.append(
-            (f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays", reason, "–")
-        )
+        reason = "not measured (--no-redis)" if meta.get("redis") != "true" else "no figures"
+        targets.append((redis_name, reason, "–"))
     idle = run.median("many-rust-idle")
     target(
         f"≤ {TARGET_IDLE} bytes per idle stream end", idle, TARGET_IDLE, False,
@@ -377,7 +416,10 @@ def main():
         TARGET_IDLE_SESSION_GO, True, None if idle_ratio is None else f"{idle_ratio:.1f} ×",
     )
     frames = [a for a in allocs if "frames" in a[2]]
-    if frames:
+    if run.file("alloc.failed") is not None:
+        # A failed test measured nothing reliable, whatever it printed before failing.
+        targets.append(("0 allocations per Data frame in steady state", "the test failed", "**failed**"))
+    elif frames:
         worst = max(a[4] for a in frames)
         target(
             "0 allocations per Data frame in steady state", worst, TARGET_ALLOC, False,
@@ -485,23 +527,28 @@ def main():
             ["`redis-benchmark` against Redis directly, through two plain TCP relays in a row (the",
              "same two hops and copying as the tunnel, one TCP connection per client) and through",
              "the tunnel tool (pinned TLS between its ends), whose entry carries the clients over K gomux connections; each K",
-             "is its own run of the script, once after the rounds. Requests per second:"],
+             f"is its own run of the script, {'once' if redis_runs == 1 else f'{redis_runs} times'} after the rounds"
+             + (", the order of direct, relays and tunnel turning from run to run (each first in one"
+                " run and last in another)" if redis_runs > 1 else "")
+             + ". Requests per second, the median over the runs with the range in brackets; a ratio is"
+             " the median of the ratios within each run:"],
             ["redis"],
         )
         for mode, title in (("-k 1", "Keep-alive connections (`-k 1`)"),
                             ("-k 0", "A new connection per request (`-k 0`)")):
             rows = []
             means = []
-            for k, result in redis_results.items():
-                if isinstance(result, str):
-                    rows.append([k, result, "", "", "", "", ""])
-                    continue
-                lines = [line for line in result.get(mode, []) if line[1] > 0 and line[2] > 0]
-                for command, direct, relay, tunnel, _ in lines:
-                    rows.append([k, command, f"{direct:.0f}", f"{relay:.0f}", f"{tunnel:.0f}",
-                                 r2(tunnel / relay), r2(tunnel / direct)])
+            for k, (runs, failures) in redis_results.items():
+                for failure in failures:
+                    rows.append([k, failure, "", "", "", "", ""])
+                lines = redis_summary(runs, mode)
+                for command, values in lines:
+                    rows.append([k, command] + [median_range([v[i] for v in values], ".0f") for i in range(3)]
+                                + [ratio_range([t / r for _, r, t in values]),
+                                   ratio_range([t / d for d, _, t in values])])
                 if lines:
-                    means.append(f"K = {k}: {r2(geometric_mean([t / r for _, _, r, t, _ in lines]))}")
+                    value = geometric_mean([statistics.median([t / r for _, r, t in v]) for _, v in lines])
+                    means.append(f"K = {k}: {r2(value)}")
             out(
                 f"{title}:",
                 "",
@@ -510,7 +557,7 @@ def main():
                 "",
             )
             if means:
-                out("Geometric mean of tunnel ÷ relays over the commands: " + "; ".join(means) + ".", "")
+                out("Geometric mean over the commands of the median tunnel ÷ relays: " + "; ".join(means) + ".", "")
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)
@@ -521,7 +568,8 @@ def main():
     # --- Allocations -------------------------------------------------------------------------
     section(run, "Allocations", ["Allocations while full Data frames and messages move in steady state:"], ["alloc"])
     if run.file("alloc.failed") is not None:
-        out("The test failed; the cases it printed:", "")
+        out("**The test failed**: the figures below, if any, are what it printed before it failed,"
+            " and the target above reads as failed.", "")
     if allocs:
         out(
             table(["case", "moved", "allocations", "per unit", "bytes allocated"],
@@ -590,6 +638,28 @@ def main():
         rows.append([f"`{key}`"] + [
             f"{run.values[r, key]:g}" if (r, key) in run.values else "–" for r in range(1, run.rounds + 1)
         ])
+    # The order each round measured its rows in, as scripts/benchmarks.sh recorded it.
+    orders = []  # (round, the row function and its arguments but the round, the rows in order)
+    for line in (run.file("order") or "").splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[1].split():
+            words = fields[1].split()
+            orders.append((fields[0], " ".join([words[0]] + words[2:]), fields[2]))
+    if orders:
+        labels = {"throughput_row": "throughput, {}", "rtt_row": "round trip", "many_row": "many streams"}
+        groups = []
+        for _, command, _ in orders:
+            if command not in groups:
+                groups.append(command)
+        order_rows = []
+        for command in groups:
+            words = command.split()
+            label = labels.get(words[0], words[0])
+            label = label.format(streams(words[1])) if "{}" in label and len(words) > 1 else label
+            order_rows.append([label] + [
+                next((", ".join(f"`{w}`" for w in o.split()) for r_, c, o in orders if c == command and int(r_) == r), "–")
+                for r in range(1, run.rounds + 1)
+            ])
     out(
         "## Every round",
         "",
@@ -600,8 +670,17 @@ def main():
         "",
         table(["figure"] + [f"round {r}" for r in range(1, run.rounds + 1)], rows),
         "",
-        "</details>",
     )
+    if orders:
+        out(
+            "The order in which each round measured its rows (each round starts one row later than"
+            " the one before; with fewer rounds than rows, not every row takes every place):",
+            "",
+            table(["rows"] + [f"round {r}" for r in range(1, run.rounds + 1)], order_rows,
+                  ["---"] * (run.rounds + 1)),
+            "",
+        )
+    out("</details>")
 
 
 if __name__ == "__main__":

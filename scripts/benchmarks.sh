@@ -17,18 +17,22 @@
 # - 8192 idle streams, then 8192 streams each echoing 1 KiB: examples/many_streams.rs against
 #   `gomux-go-peer bench many -pair`, which does the same work.
 #
-# The order of the rows turns from round to round. After the rounds, once each: Redis through
-# the tunnel tool with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh) and with pinned
-# TLS against plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the
-# 1000-stream transfer, the allocation counts of tests/alloc.rs, latency under load over an
-# emulated link (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the
-# same session, gomux, two TCP connections, Go gomux and yamux), and the memory of 10,000 idle
-# sessions beside Go gomux's (benches/idle_sessions.rs).
+# The order of the rows turns from round to round: each round starts one row later than the one
+# before. Only with at least as many rounds as rows does every row take every place; so the order
+# each round used is recorded and shown in the document. After the rounds: Redis through the
+# tunnel tool with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), three runs of each
+# (one with --quick) with the order of direct, relays and tunnel turning from run to run, so that
+# each comes first in one run and last in another; then, once each: Redis with pinned TLS against
+# plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the 1000-stream
+# transfer, the allocation counts of tests/alloc.rs, latency under load over an emulated link
+# (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the same session,
+# gomux, two TCP connections, Go gomux and yamux), and the memory of 10,000 idle sessions beside
+# Go gomux's (benches/idle_sessions.rs).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
-#   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, Redis with
-#                  fewer requests, the allocation test's debug build: a check that everything
-#                  runs (for CI), still a complete document
+#   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, one run of
+#                  Redis with fewer requests, the allocation test's debug build: a check that
+#                  everything runs (for CI), still a complete document
 #   --rounds N     rounds (default 3, about 60 s each here; at least 2 to see the machine move)
 #   --output FILE  where to write the document (default BENCHMARKS.md at the repository root)
 #   --notes FILE   Markdown included as it is under "Notes" (default
@@ -39,8 +43,9 @@
 # the clone in ../shared/gomux-go, python3 and iperf3; unless --no-redis, redis-server,
 # redis-cli and redis-benchmark; perf for the profiles (left out, with the reason, when it is
 # missing or not permitted). Installs and downloads nothing. On the 2-core development machine
-# the default run takes about 7 minutes after the builds (3 of them for Redis), --quick under a
-# minute; the latency bench's first build takes a few minutes more.
+# the default run took about 7 minutes after the builds when Redis ran once per K (3 of them for
+# Redis; three runs now make that about 9), --quick under a minute; the latency bench's first
+# build takes a few minutes more.
 set -euo pipefail
 # A failure inside $(...) fails the script too, not only the last command of the substitution.
 shopt -s inherit_errexit
@@ -63,6 +68,8 @@ many_streams=8192
 idle_sessions=10000
 redis=true
 redis_connections="1 2 4"
+# Runs of scripts/redis-tunnel.sh per K, the order of its three targets turning from run to run.
+redis_runs=3
 redis_requests=50000
 redis_clients=50
 redis_tests=ping,set,get
@@ -95,6 +102,7 @@ while (($#)); do
         rtt_count=20000
         rtt_criterion=(--warm-up-time 1 --measurement-time 1)
         redis_requests=5000
+        redis_runs=1
         profile_bytes_one=1G
         profile_bytes_many=512M
         alloc_build=()
@@ -167,7 +175,9 @@ cargo bench --features tcp --bench latency_under_load --no-run >&2
 cargo bench --bench idle_sessions --no-run >&2
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
-"$speed" --help | grep -q -- --no-verify || fail "$speed has no --no-verify option"
+# grep reads the whole help, not up to the first match (as -q does): a closed pipe would make
+# the speed tool fail writing the rest, and the pipeline with it.
+"$speed" --help | grep -- --no-verify >/dev/null || fail "$speed has no --no-verify option"
 
 # Every figure goes into this file as "round key value", one per line; facts about the run
 # (the machine, the commands) into meta as "key<TAB>value"; longer output into files beside.
@@ -299,15 +309,21 @@ go_many() {
 shown many-rust "$many --streams $many_streams"
 shown many-go "$peer bench many -pair -streams $many_streams"
 
-# Runs "$@" for each word of the list given first, starting from the round's turn, so that
-# every row is measured first in some round and last in another.
+# Runs "$@" for each word of the list given first, starting one word later each round: with as
+# many rounds as words every word takes every place, with fewer not. The order used goes into
+# the file order as "round<TAB>the command and its arguments<TAB>the words in order", and from
+# there into the document.
 rotated() {
-    local round=$1 list n i
+    local round=$1 list n i order=()
     read -r -a list <<<"$2"
     shift 2
     n=${#list[@]}
     for ((i = 0; i < n; i++)); do
-        "$@" "${list[$(((i + round) % n))]}"
+        order+=("${list[$(((i + round) % n))]}")
+    done
+    printf '%s\t%s\t%s\n' "$round" "$*" "${order[*]}" >>"$work/order"
+    for what in "${order[@]}"; do
+        "$@" "$what"
     done
 }
 
@@ -362,26 +378,35 @@ many_row() {
     done <<<"$out"
 }
 
-# Redis through the tunnel with K gomux connections: redis-tunnel.sh's whole output, or why
-# there is none, in redis-K.txt (read by the renderer).
+# Redis through the tunnel with K gomux connections, run R (from 1): redis-tunnel.sh's whole
+# output, or why there is none, in redis-K-R.txt (read by the renderer). Run R measures direct,
+# relays and tunnel starting R - 1 places into that list.
 redis_run() {
-    local k=$1 command=(scripts/redis-tunnel.sh --requests "$redis_requests"
+    local k=$1 r=$2 targets=(direct relay tunnel) order=() i
+    for ((i = 0; i < 3; i++)); do
+        order+=("${targets[$(((i + r - 1) % 3))]}")
+    done
+    local command=(scripts/redis-tunnel.sh --requests "$redis_requests"
         --clients "$redis_clients" --tests "$redis_tests")
     if ((k > 1)); then
         command+=(--connections "$k")
     fi
-    echo "Redis through the tunnel, $k connection(s) ($(date -u +%H:%M:%S))" >&2
+    if ((redis_runs > 1)); then
+        command+=(--order "$(tr ' ' ',' <<<"${order[*]}")")
+    fi
+    echo "Redis through the tunnel, $k connection(s), run $r ($(date -u +%H:%M:%S))" >&2
+    local out=$work/redis-$k-$r
     if ((k > 1)) && ! grep -q -- --connections <<<"$redis_help"; then
         echo "not measured: scripts/redis-tunnel.sh needs a --connections option" \
-            "for more than one gomux connection" >"$work/redis-$k.failed"
+            "for more than one gomux connection" >"$out.failed"
         return 0
     fi
-    if ! "${command[@]}" >"$work/redis-$k.txt" 2>"$work/redis-$k.err"; then
+    if ! "${command[@]}" >"$out.txt" 2>"$out.err"; then
         {
             echo "failed: ${command[*]}"
-            tr '\r' '\n' <"$work/redis-$k.err" | grep -v '^ *$' | tail -5
-        } >"$work/redis-$k.failed"
-        cat "$work/redis-$k.failed" >&2
+            tr '\r' '\n' <"$out.err" | grep -v '^ *$' | tail -5
+        } >"$out.failed"
+        cat "$out.failed" >&2
     fi
 }
 
@@ -468,10 +493,17 @@ meta redis "$redis"
 if $redis; then
     meta redis-version "$(redis-server --version)"
     meta redis-connections "$redis_connections"
-    meta command-redis "scripts/redis-tunnel.sh --requests $redis_requests --clients $redis_clients --tests $redis_tests [--connections K]"
+    meta redis-runs "$redis_runs"
+    order_option=""
+    if ((redis_runs > 1)); then
+        order_option=" [--order direct,relay,tunnel | relay,tunnel,direct | tunnel,direct,relay]"
+    fi
+    meta command-redis "scripts/redis-tunnel.sh --requests $redis_requests --clients $redis_clients --tests $redis_tests [--connections K]$order_option"
     redis_help=$(scripts/redis-tunnel.sh --help)
-    for k in $redis_connections; do
-        redis_run "$k"
+    for ((r = 1; r <= redis_runs; r++)); do
+        for k in $redis_connections; do
+            redis_run "$k" "$r"
+        done
     done
     # The tunnel with pinned TLS between its ends against the plain tunnel and two relays:
     # Redis (-k 1, 50 clients) and a bulk transfer, in one run of the script (security.txt).

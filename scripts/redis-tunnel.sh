@@ -15,12 +15,14 @@
 # its entry to its exit, every client a stream), and a table sets it beside the Rust tunnel.
 #
 # usage: scripts/redis-tunnel.sh [--quick] [--requests N] [--clients N] [--connections K]
-#                                [--tests LIST] [--go] [--insecure]
+#                                [--tests LIST] [--order LIST] [--go] [--insecure]
 #   --quick          10000 requests per command instead of 100000 (for CI)
 #   --requests N     requests per command (redis-benchmark -n)
 #   --clients N      parallel connections (redis-benchmark -c), default 50
 #   --connections K  gomux connections from the tunnel's entry to its exit, default 1
 #   --tests LIST     only these commands (redis-benchmark -t), e.g. set,get
+#   --order LIST     the order in which direct, relay and tunnel are measured, default
+#                    direct,relay,tunnel (scripts/benchmarks.sh turns it from run to run)
 #   --go             also through a Go gomux tunnel (needs Go and ../shared/gomux-go)
 #   --insecure       the tunnel's ends over plain TCP instead of pinned TLS
 #
@@ -36,6 +38,7 @@ clients=50
 connections=1
 tests=""
 go_tunnel=false
+order=direct,relay,tunnel
 value_bytes=$((8 * 1024 * 1024))
 insecure=false
 
@@ -48,7 +51,7 @@ while (($#)); do
     --quick) requests=10000 ;;
     --go) go_tunnel=true ;;
     --insecure) insecure=true ;;
-    --requests | --clients | --connections | --tests)
+    --requests | --clients | --connections | --tests | --order)
         if (($# < 2)); then
             echo "error: $1 needs a value" >&2
             exit 2
@@ -58,6 +61,7 @@ while (($#)); do
         --clients) clients=$2 ;;
         --connections) connections=$2 ;;
         --tests) tests=$2 ;;
+        --order) order=$2 ;;
         esac
         shift
         ;;
@@ -73,6 +77,11 @@ while (($#)); do
     esac
     shift
 done
+# Each of the three once, in any order: compare() needs all three.
+if [ "$(tr ',' '\n' <<<"$order" | sort | tr '\n' ' ')" != "direct relay tunnel " ]; then
+    echo "error: --order lists direct, relay and tunnel once each, not $order" >&2
+    exit 2
+fi
 
 # ---------------------------------------------------------------------------------------------
 # What is needed, and where things go
@@ -235,12 +244,16 @@ compare() {
         }' "$work/$2.txt" "$work/$3.txt" "$work/$4.txt"
 }
 
-bench direct-k1 "$redis_port" 1
-bench relay-k1 "$relay_near_port" 1
-bench tunnel-k1 "$entry_port" 1
-bench direct-k0 "$redis_port" 0
-bench relay-k0 "$relay_near_port" 0
-bench tunnel-k0 "$entry_port" 0
+echo "order:    $order"
+for keepalive in 1 0; do
+    for target in ${order//,/ }; do
+        case $target in
+        direct) bench "direct-k$keepalive" "$redis_port" "$keepalive" ;;
+        relay) bench "relay-k$keepalive" "$relay_near_port" "$keepalive" ;;
+        tunnel) bench "tunnel-k$keepalive" "$entry_port" "$keepalive" ;;
+        esac
+    done
+done
 if $go_tunnel; then
     bench go-k1 "$go_entry_port" 1
     bench go-k0 "$go_entry_port" 0

@@ -289,17 +289,148 @@ mod tests {
     }
 
     #[test]
+    fn eof_right_after_a_data_header_is_an_error() {
+        // The header is consumed and the buffer is empty: only the decoder's state tells that a
+        // payload was still due. The session reads the same state through `in_frame`.
+        let mut codec = FrameCodec::new();
+        assert!(!codec.in_frame());
+        let mut buf = BytesMut::from(&[4, 0, 0, 0, 3, 0, 0, 0][..]);
+        assert!(codec.decode(&mut buf).expect("valid").is_none());
+        assert!(buf.is_empty(), "the header was consumed");
+        assert!(codec.in_frame());
+        match codec.decode_eof(&mut buf) {
+            Err(CodecError::Io(error)) => {
+                assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_missing_part_of_a_payload_is_tracked_until_the_frame_is_whole() {
+        let mut codec = FrameCodec::new();
+        let mut buf = BytesMut::from(&[4, 0, 0, 0, 3, 0, 0, 0][..]);
+        assert_eq!(codec.payload_missing(&buf), 0, "no header decoded yet");
+        assert!(codec.decode(&mut buf).expect("valid").is_none());
+        assert_eq!(codec.payload_missing(&buf), 3);
+        buf.extend_from_slice(b"ab");
+        assert!(codec.decode(&mut buf).expect("valid").is_none());
+        assert_eq!(codec.payload_missing(&buf), 1);
+        assert!(codec.in_frame());
+        buf.extend_from_slice(b"c");
+        let frame = codec.decode(&mut buf).expect("valid").expect("whole");
+        assert_eq!(frame, Frame::data(4, &b"abc"[..]));
+        assert!(!codec.in_frame(), "back at a frame boundary");
+        assert_eq!(codec.payload_missing(&buf), 0);
+    }
+
+    #[test]
+    fn a_partial_payload_is_reserved_for_unless_the_caller_manages_capacity() {
+        let header = [4, 0, 0, 0, 0x60, 0xea, 0, 0]; // Data, 60,000 bytes
+        let mut buf = BytesMut::from(&header[..]);
+        assert!(FrameCodec::new().decode(&mut buf).expect("valid").is_none());
+        assert!(buf.capacity() >= 60_000, "room for the payload");
+        let mut buf = BytesMut::from(&header[..]);
+        let mut codec = FrameCodec::new().without_reserve();
+        assert!(codec.decode(&mut buf).expect("valid").is_none());
+        assert!(buf.capacity() < 60_000, "nothing reserved");
+        assert_eq!(codec.payload_missing(&buf), 60_000);
+    }
+
+    #[test]
+    fn the_reserve_covers_what_is_missing_not_the_whole_payload_again() {
+        // 59,000 of a 60,000-byte payload are there: a reserve of the missing 1,000 leaves the
+        // buffer well under twice the frame whatever the allocator's rounding; one of the
+        // payload's length on top of what is there would take it past that.
+        let mut buf = BytesMut::from(&[4, 0, 0, 0, 0x60, 0xea, 0, 0][..]);
+        buf.extend_from_slice(&[0; 59_000]);
+        let mut buf = BytesMut::from(&buf[..]);
+        assert!(FrameCodec::new().decode(&mut buf).expect("valid").is_none());
+        assert!(buf.capacity() >= 60_000, "room for the payload");
+        assert!(
+            buf.capacity() < 150_000,
+            "{} bytes of room for a 60,000-byte payload",
+            buf.capacity()
+        );
+    }
+
+    #[test]
+    fn the_encoder_reserves_room_for_one_frame() {
+        let mut dst = BytesMut::new();
+        FrameCodec::new()
+            .encode(Frame::data(1, vec![3; 1000]), &mut dst)
+            .expect("valid");
+        assert_eq!(dst.len(), HEADER_LEN + 1000);
+        assert!(
+            dst.capacity() < 2 * (HEADER_LEN + 1000),
+            "{} bytes of room for a frame of {}",
+            dst.capacity(),
+            HEADER_LEN + 1000
+        );
+    }
+
+    #[test]
+    fn a_data_payload_of_exactly_the_limit_is_accepted() {
+        let mut codec = FrameCodec::with_max_payload(16);
+        assert_eq!(codec.max_payload(), 16);
+        let mut wire = BytesMut::new();
+        codec
+            .encode(Frame::data(1, vec![9; 16]), &mut wire)
+            .expect("at the limit");
+        let frame = codec.decode(&mut wire).expect("valid").expect("whole");
+        assert_eq!(frame.payload.len(), 16);
+        assert_eq!(
+            FrameCodec::with_max_payload(usize::MAX).max_payload(),
+            MAX_LENGTH_FIELD as usize,
+            "capped at what the length field holds"
+        );
+        assert_eq!(FrameCodec::default().max_payload(), MAX_PAYLOAD);
+    }
+
+    #[test]
     fn encoder_refuses_frames_it_cannot_send() {
         let mut codec = FrameCodec::with_max_payload(4);
         let mut dst = BytesMut::new();
-        assert!(codec.encode(Frame::data(0, vec![0; 5]), &mut dst).is_err());
+        assert!(matches!(
+            codec.encode(Frame::data(0, vec![0; 5]), &mut dst),
+            Err(CodecError::InvalidFrame(InvalidFrame::PayloadTooLarge {
+                length: 5,
+                max: 4
+            }))
+        ));
         let mut bad = Frame::control(0, Kind::CloseStream);
         bad.payload = Bytes::from_static(b"x");
-        assert!(codec.encode(bad, &mut dst).is_err());
+        assert!(matches!(
+            codec.encode(bad, &mut dst),
+            Err(CodecError::InvalidFrame(InvalidFrame::UnexpectedPayload {
+                kind: Kind::CloseStream,
+                length: 1
+            }))
+        ));
         let mut lying = Frame::data(0, &b"abc"[..]);
         lying.header.length = 2;
-        assert!(codec.encode(lying, &mut dst).is_err());
+        assert!(matches!(
+            codec.encode(lying, &mut dst),
+            Err(CodecError::InvalidFrame(InvalidFrame::LengthMismatch {
+                length: 2,
+                payload: 3
+            }))
+        ));
+        // The length field holds 24 bits: a credit of exactly that much goes out, one more
+        // does not (it would be truncated on the wire).
+        let mut too_long = Frame::control(0, Kind::WindowUpdate);
+        too_long.header.length = MAX_LENGTH_FIELD + 1;
+        assert!(matches!(
+            codec.encode(too_long, &mut dst),
+            Err(CodecError::InvalidFrame(InvalidFrame::LengthTooLarge {
+                length: 0x0100_0000
+            }))
+        ));
         assert!(dst.is_empty());
+        codec
+            .encode(Frame::window_update(0, MAX_LENGTH_FIELD), &mut dst)
+            .expect("the largest credit the field holds");
+        assert_eq!(&dst[..], &[0, 0, 0, 0, 0xff, 0xff, 0xff, 6]);
     }
 
     mod properties {

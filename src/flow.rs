@@ -360,6 +360,101 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_that_drains_a_burst_in_two_reads_within_the_round_trip_grows_the_window() {
+        let mut tuner = Tuner::default();
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        // Half the window in one frame into an empty buffer...
+        tuner.on_data(target / 2, 0, target, rtt, 100);
+        // ...read in part, then the rest, both within the round trip.
+        assert!(!tuner.on_read(false, rtt, 105), "part of the burst is read");
+        assert!(
+            tuner.on_read(true, rtt, 110),
+            "the rest, within the round trip"
+        );
+    }
+
+    #[test]
+    fn a_burst_counts_only_into_a_buffer_at_most_a_quarter_full() {
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        for (buffered, grows) in [(target / 4, true), (target / 4 + 1, false)] {
+            let mut tuner = Tuner::default();
+            tuner.on_data(target / 2, buffered, target, rtt, 100);
+            assert_eq!(
+                tuner.on_read(true, rtt, 101),
+                grows,
+                "{buffered} bytes buffered when the burst arrived"
+            );
+        }
+    }
+
+    #[test]
+    fn credit_is_owed_until_taken() {
+        let mut window = RecvWindow::new(INITIAL_WINDOW);
+        assert!(!window.owes(), "the initial window is the peer's already");
+        window.receive(100).expect("within credit");
+        window.consume(100);
+        assert!(window.owes());
+        assert_eq!(window.take_update(), Some(100));
+        assert!(!window.owes());
+    }
+
+    #[test]
+    fn a_peer_holding_exactly_one_payload_of_credit_gets_nothing_early() {
+        let mut window = RecvWindow::new(4 * INITIAL_WINDOW);
+        assert_eq!(window.take_update(), Some(3 * INITIAL_WINDOW));
+        window.receive(3 * INITIAL_WINDOW).expect("within credit");
+        assert_eq!(window.peer_credit(), ONE_PAYLOAD);
+        window.consume(1);
+        assert!(
+            !window.update_due(),
+            "the peer can still send a whole payload"
+        );
+        window.receive(1).expect("within credit");
+        assert!(window.update_due(), "now it cannot, and what is owed helps");
+    }
+
+    #[test]
+    fn a_burst_over_exactly_one_round_trip_does_not_count() {
+        let mut tuner = Tuner::default();
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        tuner.on_data(target / 4, 0, target, rtt, 100);
+        tuner.on_data(target / 4, 0, target, rtt, 120);
+        assert!(!tuner.on_read(true, rtt, 121));
+    }
+
+    #[test]
+    fn a_drain_exactly_one_round_trip_after_the_burst_is_too_late() {
+        let mut tuner = Tuner::default();
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        tuner.on_data(target / 2, 0, target, rtt, 100);
+        assert!(!tuner.on_read(true, rtt, 120));
+    }
+
+    #[test]
+    fn data_within_the_round_trip_after_a_burst_waits_for_the_drain() {
+        let target = INITIAL_WINDOW;
+        let rtt = Some(20);
+        // More data while the tuner waits for the reader leaves the burst standing...
+        let mut tuner = Tuner::default();
+        tuner.on_data(target / 2, 0, target, rtt, 100);
+        tuner.on_data(1000, 0, target, rtt, 110);
+        assert!(
+            tuner.on_read(true, rtt, 115),
+            "the burst of 100 still counts"
+        );
+        // ...and data a whole round trip later starts a new measurement: a new burst counts
+        // from its own start.
+        let mut tuner = Tuner::default();
+        tuner.on_data(target / 2, 0, target, rtt, 100);
+        tuner.on_data(target / 2, 0, target, rtt, 120);
+        assert!(tuner.on_read(true, rtt, 125), "the burst of 120 counts");
+    }
+
+    #[test]
     fn send_credit_overflow_is_detected() {
         assert_eq!(add_send_credit(10, 5), Some(15));
         assert_eq!(add_send_credit(u32::MAX - 1, 1), Some(u32::MAX));

@@ -264,6 +264,26 @@ mod tests {
     }
 
     #[test]
+    fn a_data_frame_takes_a_payload_up_to_what_the_length_field_holds() {
+        let frame = Frame::data(1, vec![0; MAX_LENGTH_FIELD as usize]);
+        assert_eq!(frame.header.length, MAX_LENGTH_FIELD);
+        let longer = std::panic::catch_unwind(|| Frame::data(1, vec![0; 1 << 24]));
+        assert!(longer.is_err(), "one byte more than the field holds");
+        let credit = Frame::window_update(1, MAX_LENGTH_FIELD);
+        assert_eq!(credit.header.length, MAX_LENGTH_FIELD);
+        assert!(std::panic::catch_unwind(|| Frame::window_update(1, 1 << 24)).is_err());
+    }
+
+    #[test]
+    fn a_frame_shows_its_payload_length_not_its_payload() {
+        let shown = format!("{:?}", Frame::data(7, &b"secret"[..]));
+        assert_eq!(
+            shown,
+            "Frame { id: 7, kind: Data, length: 6, payload_len: 6 }"
+        );
+    }
+
+    #[test]
     fn length_is_24_bits() {
         let header = Header {
             id: 0,

@@ -680,24 +680,34 @@ async fn eight_tuned_streams_on_one_long_fat_link_get_similar_shares() {
     let client = Session::with_config(a, Role::Client, Config::default());
     let server = Session::with_config(b, Role::Server, Config::default());
     let received: Arc<Vec<AtomicU64>> = Arc::new((0..STREAMS).map(|_| AtomicU64::new(0)).collect());
+    // Writers and readers run until the session closes: any of them that ended before the
+    // checkpoint met an error (or panicked), which fails the test below.
+    let mut tasks = Vec::new();
     for _ in 0..STREAMS {
         let mut stream = client.open().await.expect("open");
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let chunk = Bytes::from(vec![0x5au8; 64 * KIB]);
             while stream.write_chunk(chunk.clone()).await.is_ok() {}
-        });
+        }));
     }
     for index in 0..STREAMS {
         let mut inbound = within("accept", server.accept()).await.expect("accept");
         let received = Arc::clone(&received);
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             while let Ok(Some(chunk)) = inbound.read_chunk(usize::MAX).await {
                 received[index].fetch_add(chunk.len() as u64, Ordering::Relaxed);
             }
-        });
+        }));
     }
     sleep(CHECKPOINT).await;
     let shares: Vec<u64> = received.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+    for task in tasks {
+        if task.is_finished() {
+            task.await.expect("a writer or reader panicked");
+            panic!("a writer or reader stopped before the checkpoint: {shares:?}");
+        }
+        task.abort();
+    }
     let max = *shares.iter().max().expect("streams");
     let min = *shares.iter().min().expect("streams");
     let total: u64 = shares.iter().sum();
@@ -705,6 +715,13 @@ async fn eight_tuned_streams_on_one_long_fat_link_get_similar_shares() {
         "8 tuned streams, 20 ms / 1 Gbit/s, after {CHECKPOINT:?}: {total} bytes in all, per \
          stream {shares:?}, max/min {:.1}",
         max as f64 / min.max(1) as f64
+    );
+    // Evenness means nothing if nothing moved: together the streams keep the link at least
+    // half busy over the checkpoint.
+    let half_the_link = path.bandwidth * CHECKPOINT.as_secs() / 2;
+    assert!(
+        total >= half_the_link,
+        "{total} bytes in {CHECKPOINT:?}, under half of what the link carries: {shares:?}"
     );
     assert!(
         max <= 2 * min,

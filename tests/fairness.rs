@@ -18,6 +18,7 @@ use std::time::Duration;
 use gomux::{Config, Role, Session};
 use link::Link;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// 1 ms each way, 1 Gbit/s, and a quarter of a megabyte of buffering each way.
@@ -76,19 +77,28 @@ async fn slowest_round_trip(client: &Session, count: usize) -> Duration {
     slowest
 }
 
-/// Writes on a new stream until told to stop; counts the bytes written in `written`.
-fn bulk(client: &Session, written: Arc<AtomicU64>, stop: Arc<AtomicU64>) {
+/// Writes on a new stream until told to stop; counts the bytes written in `written`. The task
+/// ends with the first error, which [`stopped`] reports.
+fn bulk(client: &Session, written: Arc<AtomicU64>, stop: Arc<AtomicU64>) -> JoinHandle<()> {
     let client = client.clone();
     tokio::spawn(async move {
         let mut stream = client.open().await.expect("open");
         let chunk = vec![b'd'; 64 * 1024];
         while stop.load(Ordering::Relaxed) == 0 {
-            if stream.write_all(&chunk).await.is_err() {
-                break;
-            }
+            stream.write_all(&chunk).await.expect("a bulk write");
             written.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
-    });
+    })
+}
+
+/// Waits for a bulk writer told to stop, and fails with its panic (a failed open or write) if
+/// it had one. The limit is virtual time: a writer that never finishes fails the test.
+async fn stopped(writer: JoinHandle<()>) {
+    match tokio::time::timeout(Duration::from_secs(60), writer).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => panic!("a bulk writer did not stop"),
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -98,7 +108,7 @@ async fn small_round_trips_stay_low_beside_a_bulk_stream() {
 
     let written = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
-    bulk(&client, Arc::clone(&written), Arc::clone(&stop));
+    let writer = bulk(&client, Arc::clone(&written), Arc::clone(&stop));
     // Let the bulk stream fill every queue on the way first.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = written.load(Ordering::Relaxed);
@@ -115,6 +125,7 @@ async fn small_round_trips_stay_low_beside_a_bulk_stream() {
     }
     let moved = written.load(Ordering::Relaxed) - before;
     stop.store(1, Ordering::Relaxed);
+    stopped(writer).await;
 
     // A small frame waits behind at most what is queued ahead of it: the session's queue and
     // the batch its driver is writing (each up to the write buffer plus one frame), and the
@@ -137,17 +148,30 @@ async fn small_round_trips_stay_low_beside_a_bulk_stream() {
 
 #[tokio::test(start_paused = true)]
 async fn streams_writing_at_once_share_the_connection_evenly() {
+    const TIME: Duration = Duration::from_secs(2);
     let (client, _server) = connect();
     let stop = Arc::new(AtomicU64::new(0));
     let counters: Vec<_> = (0..8).map(|_| Arc::new(AtomicU64::new(0))).collect();
-    for written in &counters {
-        bulk(&client, Arc::clone(written), Arc::clone(&stop));
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(1, Ordering::Relaxed);
+    let writers: Vec<_> = counters
+        .iter()
+        .map(|written| bulk(&client, Arc::clone(written), Arc::clone(&stop)))
+        .collect();
+    tokio::time::sleep(TIME).await;
     let shares: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-    let mean = shares.iter().sum::<u64>() / shares.len() as u64;
-    println!("bytes written per stream in 2 s: {shares:?}");
+    stop.store(1, Ordering::Relaxed);
+    for writer in writers {
+        stopped(writer).await;
+    }
+    let total = shares.iter().sum::<u64>();
+    let mean = total / shares.len() as u64;
+    println!("bytes written per stream in {TIME:?}: {shares:?}, {total} in all");
+    // Evenness means nothing if nothing moved: together the streams keep the link at least
+    // half busy (the link carries PATH.bandwidth bytes a second).
+    let half_the_link = PATH.bandwidth * TIME.as_secs() / 2;
+    assert!(
+        total >= half_the_link,
+        "{total} bytes in {TIME:?}, under half of what the link carries: {shares:?}"
+    );
     for share in &shares {
         assert!(
             *share >= mean / 2,

@@ -114,13 +114,24 @@ async fn wait_idle_resolves_when_the_last_stream_is_gone() {
     let (client, server) = duplex_pair().await;
     within("idle at the start", server.wait_idle()).await;
     let stream = client.open().await.expect("open");
-    let inbound = within("accept", server.accept()).await.expect("accept");
+    let mut inbound = within("accept", server.accept()).await.expect("accept");
     let idle = tokio::spawn({
         let server = server.clone();
         async move { server.wait_idle().await }
     });
     tokio::task::yield_now().await;
+    assert!(!idle.is_finished(), "both ends are open");
     drop(stream);
+    // The read ends (end-of-stream or an error) once the server has taken in the client's
+    // drop; the idle waiter has had its chance to run by the time the yields are done.
+    let _ = within(
+        "the client's drop reaches the server",
+        inbound.read(&mut [0u8; 1]),
+    )
+    .await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
     assert!(!idle.is_finished(), "the server still holds its end");
     drop(inbound);
     within("idle after the last stream", idle)

@@ -462,8 +462,19 @@ async fn pending_operations_fail_when(end: impl AsyncFnOnce(&mut Harness), expec
     let session = h.session.clone();
     let acceptor = tokio::spawn(async move { session.accept().await });
 
-    // Give the three a moment to be waiting; they must fail whether or not they got there.
+    // Give the three a moment to be waiting, and check that they are: an operation that had
+    // already ended would prove nothing about what ending the session does to waiters.
     tokio::time::sleep(Duration::from_millis(20)).await;
+    for (name, done) in [
+        ("read", reader.is_finished()),
+        ("write", writer.is_finished()),
+        ("accept", acceptor.is_finished()),
+    ] {
+        assert!(
+            !done,
+            "the {name} should be waiting before the session ends"
+        );
+    }
     end(&mut h).await;
 
     let kind = expected.io_kind();

@@ -9,12 +9,6 @@
 //! ```text
 //! cargo test --test window_tuning -- --nocapture
 //! ```
-//!
-//! The ignored test runs the same transfers in real time, CPU costs included:
-//!
-//! ```text
-//! cargo test --release --test window_tuning -- --ignored --nocapture
-//! ```
 
 mod link;
 
@@ -110,18 +104,5 @@ async fn tuning_stays_within_the_configured_per_stream_maximum() {
         rate >= ceiling * 0.5,
         "{}: the window did not grow",
         mb(rate)
-    );
-}
-
-#[tokio::test]
-#[ignore = "real time: takes about 15 s; run on demand for the benchmark figures"]
-async fn real_time_tuned_against_fixed() {
-    let fixed = throughput(PATH, fixed(), 16 << 20).await;
-    let tuned = throughput(PATH, Config::default(), 512 << 20).await;
-    println!(
-        "20 ms / 1 Gbit/s, real time: fixed 64 KiB {}, tuned {} ({:.1}x)",
-        mb(fixed),
-        mb(tuned),
-        tuned / fixed
     );
 }

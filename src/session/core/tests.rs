@@ -673,3 +673,64 @@ fn writers_within_the_queue_size(writers: usize) {
         core.sent();
     }
 }
+
+/// A waker that records whether it was woken.
+struct WokenFlag(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for WokenFlag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_window_update_wakes_a_writer_waiting_for_credit() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (key, id) = core.open();
+    let data = vec![1u8; 100_000];
+    assert!(matches!(
+        core.inner.poll_write(key, Waker::noop(), &data),
+        Poll::Ready(Ok(65_536))
+    ));
+    let flag = std::sync::Arc::new(WokenFlag(false.into()));
+    let waker = Waker::from(std::sync::Arc::clone(&flag));
+    assert!(core.inner.poll_write(key, &waker, &data).is_pending());
+    let mut update = |credit: u32| {
+        let mut wakers = Vec::new();
+        core.inner
+            .on_frame(
+                Frame::window_update(id, credit),
+                SOURCE,
+                core.now,
+                &mut wakers,
+            )
+            .expect("valid update");
+        wakers.into_iter().for_each(Waker::wake);
+        flag.0.load(std::sync::atomic::Ordering::SeqCst)
+    };
+    assert!(!update(0), "no credit: the writer sleeps on");
+    assert!(update(10), "credit: the writer is woken");
+    let Poll::Ready(Ok(written)) = core.inner.poll_write(key, Waker::noop(), &data) else {
+        panic!("the woken writer found no credit");
+    };
+    assert_eq!(written, 10);
+}
+
+#[test]
+fn a_burst_grows_the_window_only_if_a_read_leaves_at_most_a_quarter_of_it() {
+    let budget = Config::default().receive_window_budget;
+    for (left, grows) in [(16_385, false), (16_384, true)] {
+        let mut core = Core::new(Role::Server, Config::default());
+        let key = first_round(&mut core);
+        // Half a window or more within the round trip, into an empty buffer: the window may be
+        // the limit, if the reader keeps the buffer low.
+        core.frame(Frame::data(0, vec![7; 65_536]))
+            .expect("in credit");
+        assert_eq!(core.read(key, 65_536 - left), 65_536 - left);
+        assert_eq!(
+            core.inner.window_budget < budget,
+            grows,
+            "{left} bytes left in a 64 KiB window"
+        );
+    }
+}
