@@ -84,7 +84,7 @@ pub struct OwnedWriteHalf {
 /// backlog is full, or it drains) by closing it at once. A peer of this crate acknowledges
 /// every stream its application accepts, so a stream of ours it closed before anything came
 /// back is reported as refused, and its reads and writes fail with
-/// [`Error::Refused`](crate::Error::Refused). A Go peer acknowledges nothing: a stream it
+/// [`Error::Refused`]. A Go peer acknowledges nothing: a stream it
 /// closes unanswered may have been handled, and is reported as [`Stopped::Closed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -283,7 +283,7 @@ impl Stream {
     /// and h2's `poll_reset` tell, as far as the protocol can: a writer learns it without
     /// having to write, and a stream a peer of this crate refused is told apart from one it
     /// closed (reads and writes of a refused stream fail with
-    /// [`Error::Refused`](crate::Error::Refused)).
+    /// [`Error::Refused`]).
     ///
     /// Any number of tasks may wait on it (sharing the stream through an `Arc`, for
     /// example), and all are woken. Cancel safe: a dropped future leaves nothing behind.
