@@ -123,20 +123,19 @@ async fn wait_idle_resolves_when_the_last_stream_is_gone() {
     assert!(!idle.is_finished(), "both ends are open");
     drop(stream);
     // The read ends (end-of-stream or an error) once the server has taken in the client's
-    // drop; the idle waiter has had its chance to run by the time the yields are done.
+    // drop.
     let _ = within(
         "the client's drop reaches the server",
         inbound.read(&mut [0u8; 1]),
     )
     .await;
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    assert!(!idle.is_finished(), "the server still holds its end");
-    drop(inbound);
-    within("idle after the last stream", idle)
+    // The client closed the stream, so both its directions have ended: it has nothing left to
+    // do, and the handle the server still holds does not keep the session busy.
+    within("idle once the stream is done, its handle kept", idle)
         .await
         .expect("no panic");
+    assert_eq!(server.stream_count(), 1, "the handle is still there");
+    drop(inbound);
     assert_eq!(server.stream_count(), 0);
 }
 
