@@ -207,6 +207,14 @@ impl Handle {
         self.shared.lock().buffered(self.key)
     }
 
+    fn set_priority(&self, priority: i32) {
+        self.shared.lock().set_priority(self.key, priority);
+    }
+
+    fn priority(&self) -> i32 {
+        self.shared.lock().priority(self.key)
+    }
+
     /// Queues `close` (a CloseStream or the write side's shutdown) and waits until the
     /// stream's bytes, that frame included, are written, within the close timeout.
     async fn close_with(&self, close: fn(&mut Inner, usize)) -> Result<(), Error> {
@@ -276,6 +284,35 @@ impl Stream {
     /// Bytes received and not yet read.
     pub fn buffered(&self) -> usize {
         self.handle.buffered()
+    }
+
+    /// Sets the priority of what this stream sends, as quinn's `SendStream::set_priority`:
+    /// when several streams have data queued, the driver sends from those of the highest
+    /// priority first, and streams of equal priority take turns (round robin, a few KiB per
+    /// turn). Every stream starts at 0, so by default none waits behind another's bulk; a
+    /// stream raised above the others goes first, and one lowered sends only when no stream
+    /// above it has anything to send. Local only: the peer is not told, and the wire does not
+    /// change. Takes effect for data already queued.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let client = gomux::Session::client(a);
+    /// let _server = gomux::Session::server(b);
+    /// let control = client.open().await?;
+    /// control.set_priority(10); // ahead of any bulk transfer on this session
+    /// assert_eq!(control.priority(), 10);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_priority(&self, priority: i32) {
+        self.handle.set_priority(priority);
+    }
+
+    /// The priority set with [`Stream::set_priority`] (0 unless changed).
+    pub fn priority(&self) -> i32 {
+        self.handle.priority()
     }
 
     /// Waits until the peer stops taking data on this stream, and says how: it stopped
@@ -550,6 +587,16 @@ impl OwnedWriteHalf {
     /// The stream's id on the wire.
     pub fn id(&self) -> u32 {
         self.handle.id
+    }
+
+    /// Sets the priority of what this half sends, as [`Stream::set_priority`].
+    pub fn set_priority(&self, priority: i32) {
+        self.handle.set_priority(priority);
+    }
+
+    /// The priority set with [`OwnedWriteHalf::set_priority`] (0 unless changed).
+    pub fn priority(&self) -> i32 {
+        self.handle.priority()
     }
 
     /// Shuts the writing down (CloseRead: the peer reads end-of-stream) and waits until

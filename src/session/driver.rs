@@ -46,6 +46,15 @@ const READ_BUDGET: usize = 1024 * 1024;
 const QUEUE_KEEP: usize = 64 * 1024;
 const QUEUE_LINGER: Duration = Duration::from_secs(1);
 
+/// A batch holds at least this much data (when there is that much), and at first at most
+/// [`FIRST_BUDGET`]. Its size then follows what the transport takes: twice the last one while
+/// the transport takes whole batches (up to `write_buffer_size`), and what it took before
+/// pushing back when it does. So on a slow link the batch in hand, which a frame queued
+/// meanwhile waits behind, stays about as small as what the socket takes at a time (with
+/// `TCP_NOTSENT_LOWAT`, see `gomux::tcp`), while a fast one gets large writes.
+const MIN_BUDGET: usize = 16 * 1024;
+const FIRST_BUDGET: usize = 64 * 1024;
+
 /// Drives a session: reads, writes and times its transport. Created by
 /// [`Session::new`](crate::Session::new); [`Session::client`](crate::Session::client) and the
 /// other constructors spawn it for you.
@@ -79,6 +88,13 @@ pub struct Connection<T> {
     large_batch_at: Option<Instant>,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
+    /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
+    /// bytes the transport took since it last pushed back; whether it did since the last batch
+    /// was taken.
+    budget: usize,
+    max_budget: usize,
+    round_taken: usize,
+    pushed_back: bool,
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
@@ -227,6 +243,7 @@ where
         let inner = shared.lock();
         let c = &inner.config;
         crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
+        let max_budget = c.write_buffer_size.max(MIN_BUDGET);
         let (max_payload, keepalive, idle, stall, close_timeout) = (
             c.max_payload,
             c.keepalive_interval,
@@ -254,6 +271,10 @@ where
             control_waiting: false,
             large_batch_at: None,
             unflushed: false,
+            budget: FIRST_BUDGET.min(max_budget),
+            max_budget,
+            round_taken: 0,
+            pushed_back: false,
             phase: Phase::Active,
             wakers: Vec::new(),
             read_paused: false,
@@ -534,8 +555,13 @@ where
                 self.written = Cursor::default();
                 self.batch_data_done = 0;
                 self.boundaries.clear();
+                if !self.pushed_back {
+                    self.budget = (self.budget * 2).min(self.max_budget);
+                }
+                self.pushed_back = false;
                 self.batch = inner.take_batch(
                     Instant::now(),
+                    self.budget,
                     &mut self.control_buf,
                     &mut self.write_buf,
                     &mut self.boundaries,
@@ -576,6 +602,9 @@ where
                 Poll::Ready(Ok(n)) => self.advance(n),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => {
+                    self.budget = self.round_taken.clamp(MIN_BUDGET, self.max_budget);
+                    self.round_taken = 0;
+                    self.pushed_back = true;
                     self.arm_stall(cx);
                     return Poll::Pending;
                 }
@@ -629,6 +658,7 @@ where
         let control = n.min(self.control_buf.len() - self.control_done);
         self.control_done += control;
         let data = n - control;
+        self.round_taken += n;
         self.write_buf.advance(&mut self.written, data);
         self.batch_data_done += data as u64;
         self.unflushed = true;

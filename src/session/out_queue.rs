@@ -53,6 +53,7 @@ impl OutQueue {
         self.bytes.len() + self.spliced_len
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }

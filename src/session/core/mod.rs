@@ -11,7 +11,8 @@
 //! | `recv_buf.rs` | a stream's received data, and the read buffers it pins |
 //! | `recv.rs` | received frames, reads, credit returned, window growth |
 //! | `send.rs` | opens, writes, closes, flushes, handles going away |
-//! | `outgoing.rs` | the data queue, the control queue, and who waits for them |
+//! | `send_queue.rs` | each stream's send queue, and the scheduler that builds batches from them |
+//! | `outgoing.rs` | the send queues and the control queue, and who waits for them |
 //! | `lifecycle.rs` | how a session ends, and what its handles learn of it |
 //! | `peer.rs` | what the peer is (greeted or plain), and the opens waiting for its acknowledgements |
 //!
@@ -24,6 +25,7 @@ mod peer;
 mod recv;
 pub(crate) mod recv_buf;
 mod send;
+mod send_queue;
 mod slab;
 mod stream_state;
 mod wait_list;

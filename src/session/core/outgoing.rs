@@ -1,49 +1,46 @@
-//! What a session sends and in which order: the data queue, the control queue, and the tasks
-//! waiting for room in the one or for their bytes to be written.
+//! What a session sends and in which order: the streams' send queues, the control queue, and
+//! the tasks waiting for room in the ones or for their bytes to be written.
 //!
-//! - The **data queue** holds opens, Data frames and the closes that must follow a stream's
-//!   data, in the order they were queued. Writers and openers wait while it holds
-//!   `write_buffer_size` bytes or more, oldest first (see [`Inner::wake_room`]).
-//! - The **control queue** holds everything that is not ordered with data: credit owed
-//!   (WindowUpdate, at most one entry per stream, its amount taken when it is written),
-//!   refusals, CloseWrite, closes of streams with nothing in the data queue, keepalives. The
-//!   driver writes all of it ahead of the data at the start of every batch, as h2 writes its
-//!   pending WINDOW_UPDATEs before any data, so that a side busy sending never stops returning
-//!   credit for what it receives. (Queued only while the data queue had room, credit once
-//!   starved every inbound stream for as long as an upload ran:
+//! - Each stream's **send queue** (`send_queue.rs`) holds its opens, Data frames and closes, in
+//!   the order it queued them; the driver's batches take from them by priority and round robin.
+//!   Writers and openers wait while the queues hold `write_buffer_size` bytes or more, oldest
+//!   first (see [`Inner::wake_room`]).
+//! - The **control queue** holds everything that is not ordered with a stream's frames: credit
+//!   owed (WindowUpdate, at most one entry per stream, its amount taken when it is written),
+//!   refusals, keepalives. The driver writes all of it ahead of the data at the start of every
+//!   batch, as h2 writes its pending WINDOW_UPDATEs before any data, so that a side busy sending
+//!   never stops returning credit for what it receives. (Queued only while the data queue had
+//!   room, credit once starved every inbound stream for as long as an upload ran:
 //!   `tests/core_findings_a.rs`, `credit_flows_back_*`.) Control queued while a batch is being
-//!   written goes out at the batch's next frame boundary: the data queue records where frames
-//!   start, at most one per [`BOUNDARY_SPACING`], and the driver, while control waits, writes
-//!   data only up to the next of them. (Once a batch, a 1 MiB batch on a 100 Mbit/s link held
-//!   credit back for 80 ms: `core::tests::control_queued_mid_batch_goes_out_at_the_next_boundary`.)
+//!   written goes out at the batch's next frame boundary: the batch records where frames start,
+//!   at most one per [`BOUNDARY_SPACING`], and the driver, while control waits, writes data only
+//!   up to the next of them. (Once a batch, a 1 MiB batch on a 100 Mbit/s link held credit back
+//!   for 80 ms: `core::tests::control_queued_mid_batch_goes_out_at_the_next_boundary`.)
 //! - The control queue is bounded by stopping to read: while it holds more than
 //!   [`Inner::control_limit`] entries, the driver reads nothing (a peer that never reads our
 //!   answers cannot grow it), as h2 and yamux do.
 //! - Every waiting future holds at most one entry in a wait queue, and a re-poll replaces its
 //!   waker instead of adding one. (A writer re-polled by every WindowUpdate(0) once added a
 //!   waker each time: `tests/core_findings_a.rs`, `*_do_not_pile_up_its_waker`, `*_leave_no_registrations_behind`.)
-//! - Progress is reported after every transport write, not only once the queue is empty, so a
-//!   `Stream::close` beside a busy stream returns as soon as its own bytes are written.
-//! - A task waiting for its bytes to be written waits for its own last frame's position, and
-//!   every control-queue position handed out is reported once passed, even by a batch whose
-//!   entries were all stale credit and wrote nothing. (Waiting for the control queue's end, a
-//!   `close` whose frames were written waited for its close timeout when that end was a stale
-//!   credit entry: `tests/close_core.rs`, `close_returns_once_its_frames_are_written_*`.)
+//! - Progress is reported after every transport write, not only once the batch is written, so
+//!   a `Stream::close` beside a busy stream returns as soon as its own bytes are written: a
+//!   stream's bytes are written once its send queue is gone (emptied, and its last take
+//!   written).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::task::Waker;
 
 use tokio::time::Instant;
 
+use super::send_queue::SendQueues;
 use super::slab::Slab;
-use super::stream_state::{register, Queued, RoomGrant, WriteWait};
+use super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
 use super::Inner;
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::session::out_queue::OutQueue;
 
-/// Frame starts in the data queue are recorded at most this far apart: control waits behind at
-/// most this much data plus one frame, and a batch of 1 MiB records at most 64 of them.
+/// Frame starts in a batch are recorded at most this far apart: control waits behind at most
+/// this much data plus one frame, and a batch of 1 MiB records at most 64 of them.
 const BOUNDARY_SPACING: u64 = 16 * 1024;
 
 /// An entry of the control queue.
@@ -61,11 +58,6 @@ enum RoomWaiter {
     /// An `open`, by its slot in `Outgoing::openers`.
     Open { slot: usize },
 }
-
-/// A task waiting until the driver has written its stream's last frame: the frame's position
-/// in its queue, then the stream. Kept in a min-heap per queue, so that the driver wakes each
-/// waiter as soon as its own position is passed, whatever the order they came in.
-type FlushWaiter = Reverse<(u64, usize, u32)>;
 
 /// An `open` future waiting for room.
 struct Opener {
@@ -85,11 +77,12 @@ pub(crate) struct Batch {
 }
 
 pub(super) struct Outgoing {
-    data: OutQueue,
-    /// Data-queue positions where frames start, at least [`BOUNDARY_SPACING`] apart.
-    boundaries: VecDeque<u64>,
-    /// Data-queue positions (bytes ever queued) of `data`'s end, and how far the transport
-    /// has taken.
+    /// The streams' send queues.
+    queues: SendQueues,
+    /// CloseMux waits to go out behind everything the streams queued.
+    close_mux: bool,
+    /// Data-queue positions (bytes ever taken into batches) of the batches' end, and how far
+    /// the transport has taken.
     data_end: u64,
     data_written: u64,
     control: VecDeque<Control>,
@@ -105,9 +98,6 @@ pub(super) struct Outgoing {
     /// unclaimed (the woken tasks may have been cancelled).
     grant_epoch: u8,
     openers: Slab<Opener>,
-    /// Tasks waiting for their stream's mark in the data queue, and in the control queue.
-    flush_data: BinaryHeap<FlushWaiter>,
-    flush_control: BinaryHeap<FlushWaiter>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
 }
@@ -115,12 +105,11 @@ pub(super) struct Outgoing {
 impl Outgoing {
     pub(super) fn new() -> Outgoing {
         Outgoing {
-            // Both grow with use and are kept: idle sessions stay small, busy ones stop
-            // allocating.
-            data: OutQueue::new(),
-            boundaries: VecDeque::new(),
+            queues: SendQueues::new(),
+            close_mux: false,
             data_end: 0,
             data_written: 0,
+            // Grows with use and is kept while the session is busy.
             control: VecDeque::new(),
             control_pushed: 0,
             control_written: 0,
@@ -128,39 +117,33 @@ impl Outgoing {
             reserved: 0,
             grant_epoch: 0,
             openers: Slab::new(),
-            flush_data: BinaryHeap::new(),
-            flush_control: BinaryHeap::new(),
             bytes_written: 0,
         }
     }
 
     pub(super) fn has_output(&self) -> bool {
-        !self.data.is_empty() || !self.control.is_empty()
+        self.queues.has_output() || !self.control.is_empty() || self.close_mux
     }
 
     pub(super) fn bytes_written(&self) -> u64 {
         self.bytes_written
     }
 
-    /// Whether everything queued in both queues is written.
+    /// Whether everything queued is written.
     pub(super) fn all_written(&self) -> bool {
-        self.data_written >= self.data_end && self.control_written >= self.control_pushed
+        self.queues.all_written()
+            && !self.close_mux
+            && self.data_written >= self.data_end
+            && self.control_written >= self.control_pushed
     }
 
-    /// Bytes queued that the transport has not taken yet: the data queue's (the batch being
-    /// written included), and a header for each control frame, for `Stats::queued`.
+    /// Bytes queued that the transport has not taken yet: the send queues' and the batch's
+    /// being written, and a header for each control frame, for `Stats::queued`.
     pub(super) fn queued_bytes(&self) -> u64 {
-        let data = self.data_end.saturating_sub(self.data_written);
-        data.saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
-    }
-
-    /// Whether a stream's bytes up to `mark` are written (see `StreamState::mark`).
-    fn written(&self, mark: u64, in_control: bool) -> bool {
-        if in_control {
-            self.control_written >= mark
-        } else {
-            self.data_written >= mark
-        }
+        let batch = self.data_end.saturating_sub(self.data_written);
+        (self.queues.queued as u64)
+            .saturating_add(batch)
+            .saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
     }
 }
 
@@ -177,7 +160,7 @@ impl Inner {
 
     /// Whether the data queue and the room reserved are below the queue's size.
     fn room_free(&self) -> bool {
-        self.out.data.len() + self.out.reserved < self.config.write_buffer_size
+        self.out.queues.queued + self.out.reserved < self.config.write_buffer_size
     }
 
     /// Whether writers wait for room that is free, or that only grants not used up hold (the
@@ -185,7 +168,7 @@ impl Inner {
     /// writer let in that wrote less than its share kept the rest reserved, and an `open`
     /// behind it waited for good: found by the model test, `tests/model.proptest-regressions`.)
     pub(super) fn room_to_hand_out(&self) -> bool {
-        !self.out.room.is_empty() && (self.room_free() || self.out.data.is_empty())
+        !self.out.room.is_empty() && (self.room_free() || self.out.queues.queued == 0)
     }
 
     /// The stream queued a frame of `size` bytes: what it holds of a grant of room is used up
@@ -229,32 +212,70 @@ impl Inner {
         self.out.reserved = 0;
     }
 
-    /// Appends `header` to the data queue; returns the position after it.
-    pub(super) fn queue_data_header(&mut self, header: Header) -> u64 {
-        let out = &mut self.out;
-        let last = out.boundaries.back().copied();
-        let start = out.data_end - out.data.len() as u64;
-        if last.unwrap_or(start) + BOUNDARY_SPACING <= out.data_end {
-            out.boundaries.push_back(out.data_end);
+    /// The stream's send queue, made if it has none.
+    fn send_queue_of(&mut self, key: usize) -> Option<usize> {
+        let stream = self.streams.get_mut(key)?;
+        if stream.send_queue == NO_QUEUE {
+            let queue = self.out.queues.create(key, stream.id, stream.priority);
+            stream.send_queue = u32::try_from(queue).ok()?;
         }
-        self.out.data.extend_from_slice(&header.to_bytes());
-        self.out.data_end += HEADER_LEN as u64;
-        self.stats.frames_sent += 1;
-        self.out.data_end
+        Some(stream.send_queue as usize)
     }
 
-    /// Appends a Data frame's payload, copied, behind its header.
-    pub(super) fn queue_payload(&mut self, payload: &[u8]) -> u64 {
-        self.out.data.extend_from_slice(payload);
-        self.out.data_end += payload.len() as u64;
-        self.out.data_end
+    /// Queues a frame without payload for the stream, behind what it queued before.
+    pub(super) fn queue_frame(&mut self, key: usize, header: Header) {
+        let Some(queue) = self.send_queue_of(key) else {
+            return;
+        };
+        if let Some(q) = self.out.queues.get_mut(queue) {
+            q.push_header(header);
+            self.out.queues.queued += HEADER_LEN;
+        }
+        self.out.queues.activate(queue);
     }
 
-    /// Appends a Data frame's payload, spliced in without a copy unless it is short.
-    pub(super) fn queue_payload_chunk(&mut self, payload: bytes::Bytes) -> u64 {
-        self.out.data_end += payload.len() as u64;
-        self.out.data.push_chunk(payload);
-        self.out.data_end
+    /// Queues a Data frame for the stream, its payload copied.
+    pub(super) fn queue_data(&mut self, key: usize, header: Header, payload: &[u8]) {
+        let Some(queue) = self.send_queue_of(key) else {
+            return;
+        };
+        if let Some(q) = self.out.queues.get_mut(queue) {
+            q.push_header(header);
+            q.push_payload(payload);
+            self.out.queues.queued += HEADER_LEN + payload.len();
+        }
+        self.out.queues.activate(queue);
+    }
+
+    /// Queues a Data frame for the stream, its payload spliced in without a copy unless short.
+    pub(super) fn queue_data_chunk(&mut self, key: usize, header: Header, payload: bytes::Bytes) {
+        let Some(queue) = self.send_queue_of(key) else {
+            return;
+        };
+        let len = HEADER_LEN + payload.len();
+        if let Some(q) = self.out.queues.get_mut(queue) {
+            q.push_header(header);
+            q.push_chunk(payload);
+            self.out.queues.queued += len;
+        }
+        self.out.queues.activate(queue);
+    }
+
+    /// Sets the stream's send priority (see `Stream::set_priority`).
+    pub(crate) fn set_priority(&mut self, key: usize, priority: i32) {
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        stream.priority = priority;
+        if stream.send_queue != NO_QUEUE {
+            let queue = stream.send_queue as usize;
+            self.out.queues.reprioritize(queue, priority);
+        }
+    }
+
+    /// The stream's send priority.
+    pub(crate) fn priority(&self, key: usize) -> i32 {
+        self.streams.get(key).map_or(0, |s| s.priority)
     }
 
     /// Appends an entry to the control queue; returns the position after it.
@@ -276,33 +297,16 @@ impl Inner {
         }
     }
 
-    /// Queues a close frame of `kind` for the stream: behind its frames while any of them is
-    /// still unwritten, in the data queue or in the batch being written (a close must not
-    /// overtake the data it ends, nor the OpenStream that makes the stream known to the peer,
-    /// since control can go out between two frames of a batch), otherwise in the control
-    /// queue, so that it goes out at once. Records where it lies, for `close`. (Found by the
-    /// model test: a CloseRead overtook its stream's OpenStream and the peer never read the
-    /// end of the stream; `tests/model.proptest-regressions`.)
+    /// Queues a close frame of `kind` for the stream, behind its frames: a close must not
+    /// overtake the data it ends, nor the OpenStream that makes the stream known to the peer.
+    /// (Found by the model test: a CloseRead overtook its stream's OpenStream and the peer
+    /// never read the end of the stream; `tests/model.proptest-regressions`.)
     pub(super) fn queue_close(&mut self, key: usize, kind: Kind) {
         let Some(stream) = self.streams.get(key) else {
             return;
         };
-        let ordered = !stream.mark_in_control() && stream.mark > self.out.data_written;
         let header = Header::new(stream.id, kind);
-        let (mark, in_control) = if ordered {
-            (self.queue_data_header(header), false)
-        } else {
-            (self.queue_control(Control::Frame(header)), true)
-        };
-        self.set_mark(key, mark, in_control);
-    }
-
-    /// Records where the stream's last frame lies (see `StreamState::mark`).
-    pub(super) fn set_mark(&mut self, key: usize, mark: u64, in_control: bool) {
-        if let Some(stream) = self.streams.get_mut(key) {
-            stream.mark = mark;
-            stream.queued.set(Queued::MARK_IN_CONTROL, in_control);
-        }
+        self.queue_frame(key, header);
     }
 
     /// Queues a keepalive (id 0), ahead of data.
@@ -314,7 +318,7 @@ impl Inner {
     /// Queues CloseMux behind everything already queued: a graceful close delivers what was
     /// written before it.
     pub(super) fn queue_close_mux(&mut self) {
-        self.queue_data_header(Header::new(0, Kind::CloseMux));
+        self.out.close_mux = true;
     }
 
     /// Control entries beyond which the driver stops reading: one per live stream (credit),
@@ -340,20 +344,34 @@ impl Inner {
     // The driver's side.
 
     /// Hands the driver its next batch: every control frame, resolved into bytes in
-    /// `control_buf`, then the whole data queue, swapped into `data_buf` (both empty on entry).
-    /// Lets in the writers the freed room admits.
+    /// `control_buf`, then frames from the send queues, up to `budget` bytes of them, in
+    /// `data_buf` (both empty on entry), with frame starts recorded in `boundaries`; CloseMux
+    /// last, once the queues are empty. Lets in the writers the freed room admits.
     pub(crate) fn take_batch(
         &mut self,
         now: Instant,
+        budget: usize,
         control_buf: &mut Vec<u8>,
         data_buf: &mut OutQueue,
         boundaries: &mut VecDeque<u64>,
         wakers: &mut Vec<Waker>,
     ) -> Batch {
         let control_end = self.take_control(now, control_buf, wakers);
-        let data_start = self.out.data_end - self.out.data.len() as u64;
-        std::mem::swap(&mut self.out.data, data_buf);
-        std::mem::swap(&mut self.out.boundaries, boundaries);
+        let data_start = self.out.data_end;
+        let mut last = data_start;
+        let taken = self.out.queues.take(budget, data_buf, data_start, |at| {
+            if last + BOUNDARY_SPACING <= at {
+                boundaries.push_back(at);
+                last = at;
+            }
+        });
+        self.stats.frames_sent += taken.frames;
+        if self.out.close_mux && !self.out.queues.has_output() {
+            self.out.close_mux = false;
+            data_buf.extend_from_slice(&Header::new(0, Kind::CloseMux).to_bytes());
+            self.stats.frames_sent += 1;
+        }
+        self.out.data_end += data_buf.len() as u64;
         self.wake_room(wakers);
         Batch {
             data_start,
@@ -432,28 +450,17 @@ impl Inner {
         Some(header)
     }
 
-    /// The driver has written the data queue up to `data` and the control queue up to
-    /// `control`, `bytes` in all since the last call: wakes the tasks waiting for that.
+    /// The driver has written the batches' data up to position `data` and the control queue
+    /// up to `control`, `bytes` in all since the last call: wakes the tasks waiting for that.
     pub(crate) fn written(&mut self, data: u64, control: u64, bytes: u64, wakers: &mut Vec<Waker>) {
         let out = &mut self.out;
         out.data_written = out.data_written.max(data);
         out.control_written = out.control_written.max(control);
         out.bytes_written += bytes;
-        for in_control in [false, true] {
-            let (heap, written) = if in_control {
-                (&mut out.flush_control, out.control_written)
-            } else {
-                (&mut out.flush_data, out.data_written)
-            };
-            while let Some(&Reverse((mark, key, id))) = heap.peek() {
-                if mark > written {
-                    break;
-                }
-                heap.pop();
-                if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
-                    stream.queued.set(Queued::FLUSH, false);
-                    stream.wake_writer(WriteWait::Written, wakers);
-                }
+        while let Some((key, id)) = self.out.queues.next_written(self.out.data_written) {
+            if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
+                stream.send_queue = NO_QUEUE;
+                stream.wake_writer(WriteWait::Written, wakers);
             }
         }
     }
@@ -475,7 +482,7 @@ impl Inner {
         let mut room = self
             .config
             .write_buffer_size
-            .saturating_sub(self.out.data.len() + self.out.reserved);
+            .saturating_sub(self.out.queues.queued + self.out.reserved);
         let share = room / self.out.room.len().max(1);
         while room > 0 {
             let Some(waiter) = self.out.room.pop_front() else {
@@ -590,7 +597,7 @@ impl Inner {
     pub(super) fn is_written(&self, key: usize) -> bool {
         self.streams
             .get(key)
-            .is_none_or(|s| self.out.written(s.mark, s.mark_in_control()))
+            .is_none_or(|s| s.send_queue == NO_QUEUE)
     }
 
     /// The stream waits until its bytes are written: ready when they are.
@@ -598,40 +605,11 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return true;
         };
-        if self.out.written(stream.mark, stream.mark_in_control()) {
+        if stream.send_queue == NO_QUEUE {
             return true;
         }
         stream.wait_to_write(WriteWait::Written, waker);
-        if !stream.queued.has(Queued::FLUSH) {
-            stream.queued.set(Queued::FLUSH, true);
-            // Its own frame's position, not the queue's end: an end that no write reports
-            // (stale credit entries write nothing) left a `close` waiting for its timeout.
-            let waiter = Reverse((stream.mark, key, stream.id));
-            if stream.mark_in_control() {
-                self.out.flush_control.push(waiter);
-            } else {
-                self.out.flush_data.push(waiter);
-            }
-            self.prune_flush();
-        }
         false
-    }
-
-    /// Drops entries of streams that are gone from the flush queues, as `prune_room` does.
-    fn prune_flush(&mut self) {
-        let out = &mut self.out;
-        if out.flush_data.len() + out.flush_control.len() <= 2 * self.streams.len() + 64 {
-            return;
-        }
-        let streams = &self.streams;
-        let live = |w: &FlushWaiter| {
-            let Reverse((_, key, id)) = *w;
-            streams
-                .get(key)
-                .is_some_and(|s| s.id == id && s.queued.has(Queued::FLUSH))
-        };
-        out.flush_data.retain(live);
-        out.flush_control.retain(live);
     }
 
     /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport
@@ -639,13 +617,10 @@ impl Inner {
     pub(super) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
         for stream in self.streams.iter_mut() {
             stream.queued.set(Queued::ROOM, false);
-            stream.queued.set(Queued::FLUSH, false);
             stream.wake_all(wakers);
         }
         self.wake_openers(wakers);
         self.out.room.clear();
-        self.out.flush_data.clear();
-        self.out.flush_control.clear();
     }
 
     /// Every `open` waiting for room, to see a change that fails it.
@@ -656,32 +631,33 @@ impl Inner {
         }
     }
 
-    /// Entries in the wait queues, for tests.
+    /// Entries in the wait queues, for tests: writers and openers waiting for room, and
+    /// streams waiting for their bytes to be written.
     #[cfg(test)]
     pub(super) fn waiting_entries(&self) -> (usize, usize) {
-        (
-            self.out.room.len(),
-            self.out.flush_data.len() + self.out.flush_control.len(),
-        )
+        let flushing = self
+            .streams
+            .iter()
+            .filter(|s| s.write_wait == WriteWait::Written)
+            .count();
+        (self.out.room.len(), flushing)
     }
 
-    /// Bytes in the data queue, for tests.
+    /// Bytes in the send queues, for tests.
     #[cfg(test)]
     pub(crate) fn data_len(&self) -> usize {
-        self.out.data.len()
+        self.out.queues.queued
     }
 
     /// Outgoing buffers' capacity, for the driver's test of releasing them.
     #[cfg(test)]
-    pub(crate) fn data_capacity(&self) -> usize {
-        self.out.data.capacity()
+    pub(crate) fn data_capacity(&mut self) -> usize {
+        self.out.queues.capacity()
     }
 
-    /// Gives the data queue's buffers back to the allocator (the session is quiet).
+    /// Gives the send queues' spare buffers back to the allocator (the session is quiet).
     pub(crate) fn release_data_buffers(&mut self) {
-        if self.out.data.is_empty() {
-            self.out.data.release();
-        }
+        self.out.queues.release_empty();
     }
 }
 
@@ -689,21 +665,12 @@ impl Outgoing {
     /// Gives back the capacity of every queue that is empty: the session has gone quiet (see
     /// `session::linger`). Queues still holding something keep it.
     pub(super) fn release_empty(&mut self) {
-        if self.data.is_empty() && self.boundaries.is_empty() {
-            self.data.release();
-            self.boundaries = VecDeque::new();
-        }
+        self.queues.release_empty();
         if self.control.is_empty() {
             self.control = VecDeque::new();
         }
         if self.room.is_empty() {
             self.room = VecDeque::new();
-        }
-        if self.flush_data.is_empty() {
-            self.flush_data = BinaryHeap::new();
-        }
-        if self.flush_control.is_empty() {
-            self.flush_control = BinaryHeap::new();
         }
         if self.openers.len() == 0 {
             self.openers = Slab::new();

@@ -57,7 +57,7 @@ impl Inner {
         }
         self.next_id = id.wrapping_add(2);
         let key = self.insert_stream(id);
-        let mut mark = self.queue_data_header(Header::new(id, Kind::OpenStream));
+        self.queue_frame(key, Header::new(id, Kind::OpenStream));
         // A window above the protocol's initial one is announced right behind the open: as
         // a control frame it could reach the peer before the stream does, and be ignored.
         let announce = self
@@ -65,13 +65,15 @@ impl Inner {
             .get_mut(key)
             .and_then(|s| s.window.take_update());
         if let Some(credit) = announce {
-            mark = self.queue_data_header(Header {
-                id,
-                length: credit,
-                kind: Kind::WindowUpdate,
-            });
+            self.queue_frame(
+                key,
+                Header {
+                    id,
+                    length: credit,
+                    kind: Kind::WindowUpdate,
+                },
+            );
         }
-        self.set_mark(key, mark, false);
         self.stats.streams_opened += 1;
         event!(trace, session = self.id, stream = id, "stream opened");
         // The next in line may open too.
@@ -90,9 +92,7 @@ impl Inner {
             other => return other.map_ok(|_| 0),
         };
         if n > 0 {
-            self.queue_data_header(data_header(id, n));
-            let mark = self.queue_payload(&data[..n]);
-            self.set_mark(key, mark, false);
+            self.queue_data(key, data_header(id, n), &data[..n]);
         }
         Poll::Ready(Ok(n))
     }
@@ -110,9 +110,7 @@ impl Inner {
             other => return other.map_ok(|_| 0),
         };
         if n > 0 {
-            self.queue_data_header(data_header(id, n));
-            let mark = self.queue_payload_chunk(chunk.split_to(n));
-            self.set_mark(key, mark, false);
+            self.queue_data_chunk(key, data_header(id, n), chunk.split_to(n));
         }
         Poll::Ready(Ok(n))
     }

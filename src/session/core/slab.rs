@@ -99,6 +99,14 @@ impl<T> Slab<T> {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().filter_map(|entry| match entry {
+            Entry::Occupied(value) => Some(value),
+            Entry::Vacant { .. } => None,
+        })
+    }
+
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.entries.iter_mut().filter_map(|entry| match entry {
             Entry::Occupied(value) => Some(value),

@@ -12,6 +12,9 @@ use crate::flow::{RecvWindow, Tuner};
 use crate::frame::INITIAL_WINDOW;
 use crate::stream::Stopped;
 
+/// `StreamState::send_queue` of a stream with nothing queued nor unwritten.
+pub(super) const NO_QUEUE: u32 = u32::MAX;
+
 /// This side's sending direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SendState {
@@ -75,12 +78,11 @@ pub(super) struct StreamState {
     pub(super) tuner: Tuner,
     /// Credit the peer granted and this side has not spent.
     pub(super) send_credit: u32,
-    /// Position just past the last frame this stream queued, in the data queue, or in the
-    /// control queue when `queued` has `MARK_IN_CONTROL`: its bytes are written once the driver has written
-    /// that far. One mark is enough: a close goes to the control queue only once all the
-    /// stream's data is written, and control frames queued before some data are written
-    /// before that data (they go ahead of the batch it is in, or between its frames).
-    pub(super) mark: u64,
+    /// Its send queue in `SendQueues`, or [`NO_QUEUE`]: it has one while anything it queued
+    /// is not written.
+    pub(super) send_queue: u32,
+    /// Its send priority (see `Stream::set_priority`).
+    pub(super) priority: i32,
     /// The session's queues the stream has an entry in.
     pub(super) queued: Queued,
     /// Room kept for its writer, once let in after waiting for room.
@@ -135,7 +137,8 @@ impl StreamState {
             window: RecvWindow::new(receive_window),
             tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
-            mark: 0,
+            send_queue: NO_QUEUE,
+            priority: 0,
             queued: Queued::default(),
             room_grant: RoomGrant::default(),
             write_wait: WriteWait::Idle,
@@ -143,11 +146,6 @@ impl StreamState {
             write_waker: None,
             peer: PeerSaid::Nothing,
         }
-    }
-
-    /// Whether the stream's `mark` is a position in the control queue.
-    pub(super) fn mark_in_control(&self) -> bool {
-        self.queued.has(Queued::MARK_IN_CONTROL)
     }
 
     /// Whether this side may still send frames for the stream (nobody sent CloseStream).
@@ -257,13 +255,8 @@ impl Queued {
     pub(super) const CREDIT: u8 = 1 << 0;
     /// The queue of writers waiting for room.
     pub(super) const ROOM: u8 = 1 << 1;
-    /// The queue of tasks waiting for their bytes to be written.
-    pub(super) const FLUSH: u8 = 1 << 2;
     /// `Inner::stop_waiters`, for a task waiting in `stopped()`.
     pub(super) const STOP: u8 = 1 << 3;
-    /// Not a queue of waiters: the stream's `mark` is a position in the control queue rather
-    /// than in the data queue.
-    pub(super) const MARK_IN_CONTROL: u8 = 1 << 4;
     /// Not a queue either: the stream is finished (see `StreamState::finished`) and counted out
     /// of `Inner::unfinished`.
     pub(super) const FINISHED: u8 = 1 << 5;

@@ -86,6 +86,7 @@ impl Core {
         let mut wakers = Vec::new();
         let batch = self.inner.take_batch(
             self.now,
+            usize::MAX,
             &mut control,
             &mut data,
             &mut Default::default(),
@@ -296,10 +297,10 @@ fn control_frames_go_out_ahead_of_queued_data() {
     );
 }
 
-/// A close that would overtake the stream's data waits behind it; one for a stream with
-/// nothing queued goes with the control frames.
+/// A close waits behind its stream's data; a stream with nothing else queued sends its close
+/// at its turn, without waiting for other streams' data.
 #[test]
-fn closes_follow_their_data_and_otherwise_go_at_once() {
+fn closes_follow_their_data() {
     let mut core = Core::new(Role::Client, Config::default());
     let (a, a_id) = core.open();
     let (b, b_id) = core.open();
@@ -311,10 +312,10 @@ fn closes_follow_their_data_and_otherwise_go_at_once() {
     assert_eq!(
         kinds(&core.sent()),
         vec![
-            (b_id, Kind::CloseRead),
             (a_id, Kind::Data),
             (a_id, Kind::CloseRead),
             (a_id, Kind::CloseWrite),
+            (b_id, Kind::CloseRead),
         ]
     );
 }
@@ -334,6 +335,7 @@ fn a_stream_is_written_once_its_own_bytes_are() {
     let (mut control, mut data) = (Vec::new(), OutQueue::new());
     let batch = core.inner.take_batch(
         core.now,
+        usize::MAX,
         &mut control,
         &mut data,
         &mut Default::default(),
@@ -568,6 +570,7 @@ fn frame_starts_are_recorded_sparsely() {
     );
     let batch = core.inner.take_batch(
         core.now,
+        usize::MAX,
         &mut control,
         &mut data,
         &mut starts,
@@ -591,6 +594,7 @@ fn nothing_overtakes_an_unwritten_open() {
     let (mut control, mut data) = (Vec::new(), OutQueue::new());
     let batch = core.inner.take_batch(
         core.now,
+        usize::MAX,
         &mut control,
         &mut data,
         &mut Default::default(),
@@ -619,6 +623,7 @@ fn nothing_overtakes_an_unwritten_open() {
         .written(written, batch.control_end, 0, &mut Vec::new());
     core.inner.take_batch(
         core.now,
+        usize::MAX,
         &mut control,
         &mut later,
         &mut Default::default(),
@@ -733,4 +738,141 @@ fn a_burst_grows_the_window_only_if_a_read_leaves_at_most_a_quarter_of_it() {
             "{left} bytes left in a 64 KiB window"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scheduler: per-stream queues, round robin, priorities.
+
+/// The driver takes a batch of at most `budget` bytes of data and the transport takes it all:
+/// the Data frames in it, as (stream id, payload length).
+fn data_frames(core: &mut Core, budget: usize) -> Vec<(u32, u32)> {
+    let (mut control, mut data) = (Vec::new(), OutQueue::new());
+    let mut wakers = Vec::new();
+    let batch = core.inner.take_batch(
+        core.now,
+        budget,
+        &mut control,
+        &mut data,
+        &mut Default::default(),
+        &mut wakers,
+    );
+    let bytes = data.to_vec();
+    core.inner.written(
+        batch.data_start + bytes.len() as u64,
+        batch.control_end,
+        (control.len() + bytes.len()) as u64,
+        &mut wakers,
+    );
+    headers(&bytes)
+        .into_iter()
+        .filter(|h| h.kind == Kind::Data)
+        .map(|h| (h.id, h.length))
+        .collect()
+}
+
+/// A core with `n` streams opened (their opens sent) and credit to send 16 MiB each.
+fn streams_with_credit(n: usize) -> (Core, Vec<(usize, u32)>) {
+    let mut core = Core::new(Role::Client, Config::default().write_buffer_size(64 << 20));
+    let streams: Vec<_> = (0..n).map(|_| core.open()).collect();
+    for &(_, id) in &streams {
+        core.frame(Frame::window_update(id, (1 << 24) - 1)).expect("credit");
+    }
+    core.sent();
+    (core, streams)
+}
+
+fn write(core: &mut Core, key: usize, bytes: usize) {
+    let data = vec![7u8; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        match core.inner.poll_write(key, Waker::noop(), &data[..left.min(data.len())]) {
+            Poll::Ready(Ok(n)) => left -= n,
+            other => panic!("write did not go in: {other:?}"),
+        }
+    }
+}
+
+/// A message queued behind another stream's bulk goes out in the next batch, after at most one
+/// turn of the bulk: it does not wait for everything queued before it.
+#[test]
+fn a_small_message_waits_for_one_turn_of_bulk_at_most() {
+    let (mut core, streams) = streams_with_credit(2);
+    let ((bulk, bulk_id), (ping, ping_id)) = (streams[0], streams[1]);
+    write(&mut core, bulk, 4 << 20);
+    // The bulk stream is alone: the batch holds whole frames, as written.
+    assert_eq!(data_frames(&mut core, 4 * (65_536 + 8)), vec![(bulk_id, 65_536); 4]);
+    write(&mut core, ping, 64);
+    let next = data_frames(&mut core, 256 * 1024);
+    let ping_at = next.iter().position(|&(id, _)| id == ping_id);
+    let before: u32 = next[..ping_at.expect("the message is in the next batch")]
+        .iter()
+        .map(|&(_, len)| len)
+        .sum();
+    assert!(
+        before as usize <= super::send_queue::QUANTUM,
+        "{before} bytes of bulk went ahead of it"
+    );
+}
+
+/// Streams of equal priority with data queued share each batch evenly.
+#[test]
+fn streams_of_equal_priority_take_turns() {
+    let (mut core, streams) = streams_with_credit(8);
+    for &(key, _) in &streams {
+        write(&mut core, key, 2 << 20);
+    }
+    let mut sent = std::collections::HashMap::<u32, u64>::new();
+    for _ in 0..16 {
+        for (id, len) in data_frames(&mut core, 256 * 1024) {
+            *sent.entry(id).or_default() += u64::from(len);
+        }
+    }
+    let total: u64 = sent.values().sum();
+    assert!(total >= 16 * 200 * 1024, "batches carried {total} bytes");
+    let (min, max) = (sent.values().min().copied(), sent.values().max().copied());
+    assert_eq!(sent.len(), 8, "every stream sent: {sent:?}");
+    let (min, max) = (min.unwrap_or(0), max.unwrap_or(0));
+    assert!(
+        max - min <= super::send_queue::QUANTUM as u64 + 8,
+        "shares from {min} to {max}: {sent:?}"
+    );
+}
+
+/// A stream of higher priority goes first; the lower one sends only what the higher leaves.
+#[test]
+fn a_higher_priority_goes_first() {
+    let (mut core, streams) = streams_with_credit(2);
+    let ((low, low_id), (high, high_id)) = (streams[0], streams[1]);
+    write(&mut core, low, 1 << 20);
+    write(&mut core, high, 300 * 1024);
+    core.inner.set_priority(high, 10);
+    assert_eq!(core.inner.priority(high), 10);
+    let first = data_frames(&mut core, 256 * 1024);
+    assert!(first.iter().all(|&(id, _)| id == high_id), "{first:?}");
+    let second = data_frames(&mut core, 256 * 1024);
+    // The rest of the high stream, then the low one with what is left of the batch.
+    assert_eq!(second.first().map(|f| f.0), Some(high_id));
+    assert_eq!(second.last().map(|f| f.0), Some(low_id));
+    let high_sent: u32 = first.iter().chain(&second).filter(|f| f.0 == high_id).map(|f| f.1).sum();
+    assert_eq!(high_sent, 300 * 1024);
+}
+
+/// A frame larger than a turn is cut: its parts carry the payload in order, and the stream's
+/// bytes count as written only once the last part is.
+#[test]
+fn frames_are_cut_to_the_turn_and_the_stream_is_written_after_the_last_part() {
+    let (mut core, streams) = streams_with_credit(2);
+    let ((a, a_id), (b, b_id)) = (streams[0], streams[1]);
+    write(&mut core, a, 65_536);
+    write(&mut core, b, 65_536);
+    let mut parts = Vec::new();
+    while parts.iter().filter(|f: &&(u32, u32)| f.0 == a_id).map(|f| f.1).sum::<u32>() < 65_536 {
+        assert!(core.inner.poll_written(a, Waker::noop()).is_pending());
+        let batch = data_frames(&mut core, 20_000);
+        assert!(!batch.is_empty());
+        parts.extend(batch);
+    }
+    assert!(core.inner.poll_written(a, Waker::noop()).is_ready());
+    assert!(parts.iter().any(|f| f.0 == b_id), "b had turns meanwhile");
+    assert!(parts.iter().all(|f| f.1 as usize <= super::send_queue::QUANTUM));
 }
