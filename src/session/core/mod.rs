@@ -155,7 +155,7 @@ impl Inner {
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
             stop_waiters: IdMap::default(),
-            out: Outgoing::new(),
+            out: Outgoing::new(config.write_buffer_size),
             life: Lifecycle::new(),
             peer: Peer::new(now),
             driver_waker: None,

@@ -103,9 +103,9 @@ pub(super) struct Outgoing {
 }
 
 impl Outgoing {
-    pub(super) fn new() -> Outgoing {
+    pub(super) fn new(write_buffer_size: usize) -> Outgoing {
         Outgoing {
-            queues: SendQueues::new(),
+            queues: SendQueues::new(write_buffer_size),
             close_mux: false,
             data_end: 0,
             data_written: 0,

@@ -17,8 +17,8 @@
 //! Bytes are copied into a queue when written and into the batch when taken; payloads handed
 //! over as [`Bytes`] (`Stream::write_chunk`) of [`SPLICE_MIN`] or more are spliced in and never
 //! copied. A queue lives while it holds something or its last take is not written yet
-//! (`in_flight`); emptied queues go to a pool of spare ones, up to [`SPARE_BYTES`] of capacity in
-//! all, so that streams that each send a message now and then allocate nothing.
+//! (`in_flight`); emptied queues go to a pool of spare ones, up to twice `write_buffer_size` of capacity
+//! in all (a busy stream's queue grows to about that), so that streams that each send a message now and then allocate nothing.
 //!
 //! [`SPLICE_MIN`]: crate::session::out_queue::SPLICE_MIN
 
@@ -36,8 +36,8 @@ pub(super) const QUANTUM: usize = 16 * 1024;
 /// A frame cut to fit a turn carries at least this much payload (or all of it).
 const MIN_CUT: usize = 1024;
 
-/// Capacity kept in spare queues, in all.
-pub(super) const SPARE_BYTES: usize = 256 * 1024;
+/// Capacity kept in spare queues, in all, at least (see `SendQueues::spare_limit`).
+const SPARE_BYTES: usize = 256 * 1024;
 
 /// Turns in one batch, at most: bounds the batch's bookkeeping with many small queues.
 const MAX_TURNS: usize = 4096;
@@ -231,6 +231,8 @@ pub(super) struct SendQueues {
     levels: Vec<Level>,
     spare: Vec<SendQueue>,
     spare_bytes: usize,
+    /// Capacity the spares may hold: twice `write_buffer_size`, at least [`SPARE_BYTES`].
+    spare_limit: usize,
     /// Bytes queued in all queues, not taken yet: what the session's `write_buffer_size` bounds.
     pub(super) queued: usize,
     /// Each take of a batch: the data-queue position after it, and its queue.
@@ -244,12 +246,13 @@ pub(super) struct Taken {
 }
 
 impl SendQueues {
-    pub(super) fn new() -> SendQueues {
+    pub(super) fn new(write_buffer_size: usize) -> SendQueues {
         SendQueues {
             queues: Slab::new(),
             levels: Vec::new(),
             spare: Vec::new(),
             spare_bytes: 0,
+            spare_limit: write_buffer_size.saturating_mul(2).max(SPARE_BYTES),
             queued: 0,
             takes: VecDeque::new(),
         }
@@ -434,7 +437,7 @@ impl SendQueues {
         }
         self.queued = self.queued.saturating_sub(queue.len());
         queue.reset();
-        if self.spare_bytes + queue.capacity() <= SPARE_BYTES {
+        if self.spare_bytes + queue.capacity() <= self.spare_limit {
             self.spare_bytes += queue.capacity();
             self.spare.push(queue);
         }
