@@ -69,9 +69,12 @@ impl Role {
 ///   `an_idle_session_end_gives_its_buffers_back`; `cargo test --test idle_memory --
 ///   --nocapture` prints it), and 3,718 to 3,850 bytes resident over loopback TCP
 ///   (`cargo bench --bench idle_sessions`).
-/// - **Outgoing frames**: the data queue holds at most `write_buffer_size + max_payload + 8`
-///   bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
-///   plus 16 bytes per stream for its closes; the batch being written holds as much again. The control queue (credit, refusals, closes, keepalives)
+/// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
+///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
+///   plus 24 bytes per stream for its opens and closes; the batch being written holds at most
+///   as much again (its size follows what the transport takes, from 16 KiB up); emptied queues
+///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
+///   goes quiet. The control queue (credit, refusals, keepalives)
 ///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is
 ///   over `accept_backlog + max_streams` frames, which only a peer that does not read our
 ///   frames can cause. (`tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`)
@@ -287,15 +290,17 @@ impl Config {
         self
     }
 
-    /// Outgoing bytes queued for the transport before writers wait, default 1 MiB. Writes are
-    /// coalesced into transport writes of up to this size: with 100 and 1000 streams writing
-    /// at once, 1 MiB moved 10–23 % more over loopback TCP than 256 KiB (see BENCHMARK-HISTORY.md).
-    /// Writers (and openers) waiting for room are let in oldest first, as many as the room
-    /// fits, so streams writing at once take turns; a frame waits behind at most about twice
-    /// this (the queue, and the batch being written) plus what the transport holds. A smaller
-    /// queue shortens that wait on a slow link, at the cost of smaller transport writes.
-    /// Control frames (window updates, refusals, closes, keepalives) are not held back by it:
-    /// they have a queue of their own, written ahead of the data at the start of every batch.
+    /// Outgoing bytes queued for the transport before writers wait, default 1 MiB, in all
+    /// streams' send queues together. Each stream queues its frames in its own queue, and the
+    /// driver builds each transport write by taking turns between the streams with something
+    /// to send (a few KiB each, highest [priority](crate::Stream::set_priority) first), so a
+    /// message never waits behind what other streams queued before it: at most behind one turn
+    /// of each and the batch being written, whose size follows what the transport takes (up to
+    /// this size on a fast link). Writers (and openers) waiting for room are let in oldest
+    /// first, as many as the room fits. With 100 and 1000 streams writing at once, 1 MiB moved
+    /// 10–23 % more over loopback TCP than 256 KiB (see BENCHMARK-HISTORY.md). Control frames
+    /// (window updates, refusals, keepalives) are not held back by it: they have a queue of
+    /// their own, written ahead of the data at the start of every batch.
     #[must_use = "a setter returns the changed configuration"]
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
         self.write_buffer_size = bytes.max(1);

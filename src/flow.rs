@@ -123,15 +123,21 @@ impl RecvWindow {
 /// there and still reaches twice the bandwidth-delay product on a real link.
 ///
 /// The protocol has no ping, so the round trip is measured on the streams themselves: when this
-/// side writes credit to a peer that had none left, that peer cannot have had data in flight,
-/// and its next Data frame on the stream is the answer. The session keeps the smallest such
-/// sample. The probe starts when the WindowUpdate goes to the transport, not when it is queued,
+/// side writes credit to a peer that holds `c` bytes of credit, the peer can send at most `c`
+/// bytes before it has seen the new credit, so the first data beyond those `c` bytes is the
+/// answer. The session keeps the smallest such sample. (Waiting for a peer with no credit at
+/// all, as the probe once did, measured nothing once the sender's frames were cut into turns
+/// smaller than a payload: credit went back while the peer still held some, and the windows of
+/// eight streams on a long fat link stayed at 64 KiB:
+/// `tests/core_findings_b.rs`, `eight_tuned_streams_on_one_long_fat_link_get_similar_shares`.) The probe starts when the WindowUpdate goes to the transport, not when it is queued,
 /// so the sample holds no queueing on this side. Times are microseconds on the session's clock,
 /// 0 meaning "not set".
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tuner {
-    /// When credit was written to the peer while it had none; cleared by the next Data.
+    /// When credit was written to the peer, while a probe runs…
     probe_at: u64,
+    /// …and the data it may still receive sent before it saw that credit.
+    probe_left: u32,
     /// When the current measurement of arrivals began, and what arrived since; or, with
     /// `epoch_received` at [`LIMITED`], when half a window last arrived within a round trip
     /// (the window grows if the reader drains the buffer within a round trip of this; arrivals
@@ -144,11 +150,12 @@ pub(crate) struct Tuner {
 const LIMITED: u32 = u32::MAX;
 
 impl Tuner {
-    /// Credit is being written to a peer that holds `peer_credit`: start a round-trip probe if
-    /// it had none.
+    /// Credit is being written to a peer that holds `peer_credit`: start a round-trip probe
+    /// unless one runs.
     pub(crate) fn on_credit(&mut self, peer_credit: u32, now: u64) {
-        if peer_credit == 0 && self.probe_at == 0 {
+        if self.probe_at == 0 {
             self.probe_at = now;
+            self.probe_left = peer_credit;
         }
     }
 
@@ -165,8 +172,12 @@ impl Tuner {
     ) -> Option<u64> {
         let mut sample = None;
         if self.probe_at != 0 {
-            sample = Some(now.saturating_sub(self.probe_at));
-            self.probe_at = 0;
+            if n > self.probe_left {
+                sample = Some(now.saturating_sub(self.probe_at));
+                self.probe_at = 0;
+            } else {
+                self.probe_left -= n;
+            }
         }
         if self.epoch_received == LIMITED {
             let waiting = rtt.is_some_and(|rtt| now.saturating_sub(self.epoch_at) < rtt);
@@ -304,24 +315,38 @@ mod tests {
     }
 
     #[test]
-    fn a_round_trip_is_measured_from_credit_to_a_sender_that_had_none() {
+    fn a_round_trip_is_measured_from_credit_to_the_first_data_beyond_what_the_peer_held() {
         let mut tuner = Tuner::default();
         let target = 1 << 20;
-        assert_eq!(tuner.on_data(10, 0, target, None, 5), None);
+        assert_eq!(tuner.on_data(10, 0, target, None, 5), None, "no probe runs");
         tuner.on_credit(100, 10);
+        tuner.on_credit(0, 15);
         assert_eq!(
-            tuner.on_data(10, 0, target, None, 20),
+            tuner.on_data(60, 0, target, None, 20),
             None,
-            "the peer had credit: data may be in flight"
+            "the peer held 100: these may have left before it saw the credit"
         );
-        tuner.on_credit(0, 30);
-        tuner.on_credit(0, 35);
         assert_eq!(
-            tuner.on_data(10, 0, target, None, 80),
-            Some(50),
-            "measured from the first grant"
+            tuner.on_data(40, 0, target, None, 25),
+            None,
+            "still within the 100"
         );
-        assert_eq!(tuner.on_data(10, 0, target, None, 90), None);
+        assert_eq!(
+            tuner.on_data(1, 0, target, None, 80),
+            Some(70),
+            "the first byte beyond them answers the first grant"
+        );
+        assert_eq!(
+            tuner.on_data(10, 0, target, None, 90),
+            None,
+            "one sample per probe"
+        );
+        tuner.on_credit(0, 100);
+        assert_eq!(
+            tuner.on_data(10, 0, target, None, 140),
+            Some(40),
+            "a peer that held none"
+        );
     }
 
     #[test]

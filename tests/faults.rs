@@ -356,7 +356,7 @@ async fn a_slow_link_that_keeps_taking_bytes_is_not_a_stall() {
     let client = Session::with_config(a, Role::Client, config.clone());
     let server = Session::with_config(b, Role::Server, config);
     spawn_echo(server.clone());
-    let data = pattern(10, 400 * KIB);
+    let data = pattern(10, 600 * KIB);
     let stream = within("open", client.open()).await.expect("open");
     let started = Instant::now();
     let echoed = within_for(VIRTUAL_STEP, "the echo", round_trip(stream, &data)).await;

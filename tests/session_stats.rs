@@ -60,8 +60,8 @@ async fn a_write_waiting_for_credit_is_counted_and_timed() {
 #[tokio::test(start_paused = true)]
 async fn a_write_waiting_for_room_is_counted_and_timed_and_the_queue_shows() {
     // Nothing reads the far end of the transport: its 4 KiB buffer fills. The driver holds a
-    // first write of 60 KiB that the transport does not take; a second fills the send queue
-    // (8 KiB, overfilled at once), and a third writer waits for room.
+    // first write of 6 KiB that the transport takes only 4 KiB of; a second, of 8 KiB, fills
+    // the send queues (8 KiB), and a third writer waits for room.
     let (a, _unread) = tokio::io::duplex(4 * 1024);
     let config = Config::default().write_buffer_size(8 * 1024);
     let client = Session::with_config(a, Role::Client, config);
@@ -71,8 +71,8 @@ async fn a_write_waiting_for_room_is_counted_and_timed_and_the_queue_shows() {
         streams.push(within("open", client.open()).await.expect("open"));
     }
     let mut third = streams.pop().expect("three");
-    for stream in &mut streams {
-        within("a write", stream.write_all(&[7; 60 * 1024]))
+    for (stream, size) in streams.iter_mut().zip([6 * 1024, 8 * 1024]) {
+        within("a write", stream.write_all(&vec![7; size]))
             .await
             .expect("queued within the credit and the room");
         tokio::task::yield_now().await; // the driver takes what is queued
@@ -85,10 +85,10 @@ async fn a_write_waiting_for_room_is_counted_and_timed_and_the_queue_shows() {
     assert_eq!(stats.room_waits, 1, "{stats:?}");
     assert!(stats.room_wait_time >= Duration::from_secs(1), "{stats:?}");
     assert_eq!(stats.credit_waits, 0, "{stats:?}");
-    // The greeting, three opens and two 60 KiB Data frames; the transport took 4 KiB.
+    // The greeting, three opens and the two Data frames; the transport took 4 KiB.
     assert_eq!(
         stats.queued,
-        8 + 3 * 8 + 2 * (8 + 60 * 1024) - 4 * 1024,
+        8 + 3 * 8 + (8 + 6 * 1024) + (8 + 8 * 1024) - 4 * 1024,
         "what the transport has not taken: {stats:?}"
     );
     writer.abort();

@@ -73,7 +73,7 @@ pub struct Connection<T> {
     /// The batch being written: its control frames, written first…
     control_buf: Vec<u8>,
     control_done: usize,
-    /// …then its data, swapped with the core's data queue when the batch is taken.
+    /// …then its data, frames taken from the streams' send queues (see `SendQueues::take`).
     write_buf: OutQueue,
     written: Cursor,
     /// Where the batch lies in the core's queues, and how much of its data is written.
@@ -513,7 +513,7 @@ where
     }
 
     /// Writes queued frames until the transport would block or nothing is queued, then flushes.
-    /// Each batch starts with every control frame queued so far, then the data queue. Progress
+    /// Each batch starts with every control frame queued so far, then frames from the send queues, up to the budget. Progress
     /// is reported to the core after every transport write. `Ready(Ok)` means everything
     /// queued so far is written and flushed.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {

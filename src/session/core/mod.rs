@@ -116,6 +116,9 @@ pub(crate) struct Inner {
     /// is kept here rather than in every stream's state. A list goes when its last future
     /// does.
     stop_waiters: IdMap<usize, WaitList>,
+    /// The send priority of every stream whose priority is not 0, by stream key (see
+    /// `Stream::set_priority`): few streams have one, so every other stream pays nothing for it.
+    priorities: IdMap<usize, i32>,
     out: Outgoing,
     life: Lifecycle,
     /// What the peer is, its unacknowledged streams, and the opens waiting for them.
@@ -155,6 +158,7 @@ impl Inner {
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
             stop_waiters: IdMap::default(),
+            priorities: IdMap::default(),
             out: Outgoing::new(config.write_buffer_size),
             life: Lifecycle::new(),
             peer: Peer::new(now),

@@ -51,7 +51,7 @@ pub(super) enum Control {
     Frame(Header),
 }
 
-/// A task waiting for room in the data queue.
+/// A task waiting for room in the send queues.
 enum RoomWaiter {
     /// A stream's writer, for `want` bytes.
     Stream { key: usize, id: u32, want: usize },
@@ -98,6 +98,9 @@ pub(super) struct Outgoing {
     /// unclaimed (the woken tasks may have been cancelled).
     grant_epoch: u8,
     openers: Slab<Opener>,
+    /// Tasks waiting for a close of their stream in the control queue to be written: its
+    /// position (wrapping), the stream. Positions only grow, so the oldest is first.
+    flush_control: VecDeque<(u32, usize, u32)>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
 }
@@ -117,6 +120,7 @@ impl Outgoing {
             reserved: 0,
             grant_epoch: 0,
             openers: Slab::new(),
+            flush_control: VecDeque::new(),
             bytes_written: 0,
         }
     }
@@ -144,6 +148,11 @@ impl Outgoing {
         (self.queues.queued as u64)
             .saturating_add(batch)
             .saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
+    }
+
+    /// Whether the control queue is written up to `mark` (a wrapping position).
+    fn control_written_to(&self, mark: u32) -> bool {
+        (self.control_written as u32).wrapping_sub(mark) < 1 << 31
     }
 }
 
@@ -214,9 +223,10 @@ impl Inner {
 
     /// The stream's send queue, made if it has none.
     fn send_queue_of(&mut self, key: usize) -> Option<usize> {
+        let priority = self.priority(key);
         let stream = self.streams.get_mut(key)?;
         if stream.send_queue == NO_QUEUE {
-            let queue = self.out.queues.create(key, stream.id, stream.priority);
+            let queue = self.out.queues.create(key, stream.id, priority);
             stream.send_queue = u32::try_from(queue).ok()?;
         }
         Some(stream.send_queue as usize)
@@ -266,7 +276,12 @@ impl Inner {
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
-        stream.priority = priority;
+        stream.queued.set(Queued::PRIORITY, priority != 0);
+        if priority == 0 {
+            self.priorities.remove(&key);
+        } else {
+            self.priorities.insert(key, priority);
+        }
         if stream.send_queue != NO_QUEUE {
             let queue = stream.send_queue as usize;
             self.out.queues.reprioritize(queue, priority);
@@ -275,7 +290,11 @@ impl Inner {
 
     /// The stream's send priority.
     pub(crate) fn priority(&self, key: usize) -> i32 {
-        self.streams.get(key).map_or(0, |s| s.priority)
+        self.streams
+            .get(key)
+            .filter(|s| s.queued.has(Queued::PRIORITY))
+            .and_then(|_| self.priorities.get(&key).copied())
+            .unwrap_or(0)
     }
 
     /// Appends an entry to the control queue; returns the position after it.
@@ -297,16 +316,26 @@ impl Inner {
         }
     }
 
-    /// Queues a close frame of `kind` for the stream, behind its frames: a close must not
-    /// overtake the data it ends, nor the OpenStream that makes the stream known to the peer.
-    /// (Found by the model test: a CloseRead overtook its stream's OpenStream and the peer
-    /// never read the end of the stream; `tests/model.proptest-regressions`.)
+    /// Queues a close frame of `kind` for the stream: behind its frames in its send queue while
+    /// anything of it is unwritten (a close must not overtake the data it ends, nor the
+    /// OpenStream that makes the stream known to the peer), otherwise in the control queue, so
+    /// that it goes out at once and counts in the control queue's bound. (Found by the model
+    /// test: a CloseRead overtook its stream's OpenStream and the peer never read the end of
+    /// the stream; `tests/model.proptest-regressions`.)
     pub(super) fn queue_close(&mut self, key: usize, kind: Kind) {
         let Some(stream) = self.streams.get(key) else {
             return;
         };
         let header = Header::new(stream.id, kind);
-        self.queue_frame(key, header);
+        if stream.send_queue != NO_QUEUE {
+            self.queue_frame(key, header);
+            return;
+        }
+        let mark = self.queue_control(Control::Frame(header));
+        if let Some(stream) = self.streams.get_mut(key) {
+            stream.close_mark = mark as u32;
+            stream.queued.set(Queued::CLOSE_IN_CONTROL, true);
+        }
     }
 
     /// Queues a keepalive (id 0), ahead of data.
@@ -463,9 +492,19 @@ impl Inner {
                 stream.wake_writer(WriteWait::Written, wakers);
             }
         }
+        while let Some(&(mark, key, id)) = self.out.flush_control.front() {
+            if !self.out.control_written_to(mark) {
+                break;
+            }
+            self.out.flush_control.pop_front();
+            if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
+                stream.queued.set(Queued::FLUSH, false);
+                stream.wake_writer(WriteWait::Written, wakers);
+            }
+        }
     }
 
-    /// Lets in writers and openers waiting for room in the data queue, oldest first, until
+    /// Lets in writers and openers waiting for room in the send queues, oldest first, until
     /// what they mean to queue fills the room; returns whether any are left waiting. Each
     /// writer let in gets an equal share of the room (at least what it asked for), which it may
     /// use for several frames: with one frame each, the first of several writers let in at once
@@ -595,21 +634,45 @@ impl Inner {
 
     /// Whether everything the stream queued, closes included, is written (or it is gone).
     pub(super) fn is_written(&self, key: usize) -> bool {
-        self.streams
-            .get(key)
-            .is_none_or(|s| s.send_queue == NO_QUEUE)
+        self.streams.get(key).is_none_or(|s| {
+            s.send_queue == NO_QUEUE
+                && (!s.queued.has(Queued::CLOSE_IN_CONTROL)
+                    || self.out.control_written_to(s.close_mark))
+        })
     }
 
     /// The stream waits until its bytes are written: ready when they are.
     pub(super) fn wait_written(&mut self, key: usize, waker: &Waker) -> bool {
+        if self.is_written(key) {
+            return true;
+        }
         let Some(stream) = self.streams.get_mut(key) else {
             return true;
         };
-        if stream.send_queue == NO_QUEUE {
-            return true;
-        }
         stream.wait_to_write(WriteWait::Written, waker);
+        // With a send queue, its end wakes the stream; otherwise the close in the control
+        // queue does, once written.
+        if stream.send_queue == NO_QUEUE && !stream.queued.has(Queued::FLUSH) {
+            stream.queued.set(Queued::FLUSH, true);
+            let entry = (stream.close_mark, key, stream.id);
+            self.out.flush_control.push_back(entry);
+            self.prune_flush();
+        }
         false
+    }
+
+    /// Drops entries of streams that are gone or no longer wait from the flush queue, once
+    /// they could be half of it, so that it stays within twice the futures waiting.
+    fn prune_flush(&mut self) {
+        if self.out.flush_control.len() <= 2 * self.streams.len() + 64 {
+            return;
+        }
+        let streams = &self.streams;
+        self.out.flush_control.retain(|&(_, key, id)| {
+            streams
+                .get(key)
+                .is_some_and(|s| s.id == id && s.queued.has(Queued::FLUSH))
+        });
     }
 
     /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport
@@ -617,10 +680,12 @@ impl Inner {
     pub(super) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
         for stream in self.streams.iter_mut() {
             stream.queued.set(Queued::ROOM, false);
+            stream.queued.set(Queued::FLUSH, false);
             stream.wake_all(wakers);
         }
         self.wake_openers(wakers);
         self.out.room.clear();
+        self.out.flush_control.clear();
     }
 
     /// Every `open` waiting for room, to see a change that fails it.
@@ -674,6 +739,9 @@ impl Outgoing {
         }
         if self.openers.len() == 0 {
             self.openers = Slab::new();
+        }
+        if self.flush_control.is_empty() {
+            self.flush_control = VecDeque::new();
         }
     }
 }

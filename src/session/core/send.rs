@@ -17,7 +17,7 @@ impl Inner {
     ///
     /// An `open` future waits, in one line in order of arrival (`line`, see `peer.rs`), while
     /// `max_streams` streams are live or the peer has `open_backlog` of ours unacknowledged;
-    /// then, holding its place, for room in the data queue (`slot` among the openers).
+    /// then, holding its place, for room in the send queues (`slot` among the openers).
     /// `try_open` (`wait` false) waits for nothing: it fails with `TooManyStreams` where `open`
     /// would wait in line, and queues its OpenStream even beyond the data queue's bound (the
     /// streams it may open are bounded by `max_streams`).
@@ -321,6 +321,9 @@ impl Inner {
         if stream.queued.has(Queued::STOP) {
             // No `stopped()` future outlives the handles; this only keeps the map exact.
             self.stop_waiters.remove(&key);
+        }
+        if stream.queued.has(Queued::PRIORITY) {
+            self.priorities.remove(&key);
         }
         let grown = stream
             .window

@@ -121,7 +121,11 @@ impl SendQueue {
         let len = if self.partial > 0 {
             self.partial as usize
         } else {
-            let raw: [u8; HEADER_LEN] = self.bytes.get(self.head..self.head + HEADER_LEN)?.try_into().ok()?;
+            let raw: [u8; HEADER_LEN] = self
+                .bytes
+                .get(self.head..self.head + HEADER_LEN)?
+                .try_into()
+                .ok()?;
             let header = Header::from_bytes(raw).ok()?;
             if header.kind != Kind::Data || header.length == 0 {
                 out.extend_from_slice(&raw);
@@ -394,7 +398,11 @@ impl SendQueues {
                     });
                 } else {
                     if let Some(turn) = level.round.front_mut() {
-                        turn.left = if alone { QUANTUM } else { left - spent.min(left) };
+                        turn.left = if alone {
+                            QUANTUM
+                        } else {
+                            left - spent.min(left)
+                        };
                     }
                     break 'levels;
                 }

@@ -50,7 +50,7 @@ pub(super) enum Closed {
 }
 
 /// What the stream's writing side waits for, so that each event wakes only the task it can
-/// help: a WindowUpdate a writer waiting for credit, room in the data queue one waiting for
+/// help: a WindowUpdate a writer waiting for credit, room in the send queues one waiting for
 /// room (see `Outgoing`), the driver's progress a flush or close waiting for its bytes to be
 /// written. One task at a time writes, flushes or closes a stream (each takes `&mut` of the
 /// handle that writes), so one waker serves them all.
@@ -81,8 +81,10 @@ pub(super) struct StreamState {
     /// Its send queue in `SendQueues`, or [`NO_QUEUE`]: it has one while anything it queued
     /// is not written.
     pub(super) send_queue: u32,
-    /// Its send priority (see `Stream::set_priority`).
-    pub(super) priority: i32,
+    /// The control-queue position (wrapping) just past its last close sent there, when
+    /// `queued` has `CLOSE_IN_CONTROL`: a close goes there when the stream has no send queue
+    /// (nothing of it is unwritten), so that the control queue's bound covers it.
+    pub(super) close_mark: u32,
     /// The session's queues the stream has an entry in.
     pub(super) queued: Queued,
     /// Room kept for its writer, once let in after waiting for room.
@@ -138,7 +140,7 @@ impl StreamState {
             tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
             send_queue: NO_QUEUE,
-            priority: 0,
+            close_mark: 0,
             queued: Queued::default(),
             room_grant: RoomGrant::default(),
             write_wait: WriteWait::Idle,
@@ -257,6 +259,12 @@ impl Queued {
     pub(super) const ROOM: u8 = 1 << 1;
     /// `Inner::stop_waiters`, for a task waiting in `stopped()`.
     pub(super) const STOP: u8 = 1 << 3;
+    /// The queue of tasks waiting for a close in the control queue to be written.
+    pub(super) const FLUSH: u8 = 1 << 2;
+    /// Not a queue: `close_mark` holds the position of a close in the control queue.
+    pub(super) const CLOSE_IN_CONTROL: u8 = 1 << 4;
+    /// Not a queue: the stream's send priority is not 0, and kept in `Inner::priorities`.
+    pub(super) const PRIORITY: u8 = 1 << 6;
     /// Not a queue either: the stream is finished (see `StreamState::finished`) and counted out
     /// of `Inner::unfinished`.
     pub(super) const FINISHED: u8 = 1 << 5;

@@ -297,10 +297,10 @@ fn control_frames_go_out_ahead_of_queued_data() {
     );
 }
 
-/// A close waits behind its stream's data; a stream with nothing else queued sends its close
-/// at its turn, without waiting for other streams' data.
+/// A close that would overtake the stream's data waits behind it; one for a stream with
+/// nothing unwritten goes with the control frames.
 #[test]
-fn closes_follow_their_data() {
+fn closes_follow_their_data_and_otherwise_go_at_once() {
     let mut core = Core::new(Role::Client, Config::default());
     let (a, a_id) = core.open();
     let (b, b_id) = core.open();
@@ -312,10 +312,10 @@ fn closes_follow_their_data() {
     assert_eq!(
         kinds(&core.sent()),
         vec![
+            (b_id, Kind::CloseRead),
             (a_id, Kind::Data),
             (a_id, Kind::CloseRead),
             (a_id, Kind::CloseWrite),
-            (b_id, Kind::CloseRead),
         ]
     );
 }
@@ -775,7 +775,8 @@ fn streams_with_credit(n: usize) -> (Core, Vec<(usize, u32)>) {
     let mut core = Core::new(Role::Client, Config::default().write_buffer_size(64 << 20));
     let streams: Vec<_> = (0..n).map(|_| core.open()).collect();
     for &(_, id) in &streams {
-        core.frame(Frame::window_update(id, (1 << 24) - 1)).expect("credit");
+        core.frame(Frame::window_update(id, (1 << 24) - 1))
+            .expect("credit");
     }
     core.sent();
     (core, streams)
@@ -785,7 +786,10 @@ fn write(core: &mut Core, key: usize, bytes: usize) {
     let data = vec![7u8; 64 * 1024];
     let mut left = bytes;
     while left > 0 {
-        match core.inner.poll_write(key, Waker::noop(), &data[..left.min(data.len())]) {
+        match core
+            .inner
+            .poll_write(key, Waker::noop(), &data[..left.min(data.len())])
+        {
             Poll::Ready(Ok(n)) => left -= n,
             other => panic!("write did not go in: {other:?}"),
         }
@@ -800,7 +804,10 @@ fn a_small_message_waits_for_one_turn_of_bulk_at_most() {
     let ((bulk, bulk_id), (ping, ping_id)) = (streams[0], streams[1]);
     write(&mut core, bulk, 4 << 20);
     // The bulk stream is alone: the batch holds whole frames, as written.
-    assert_eq!(data_frames(&mut core, 4 * (65_536 + 8)), vec![(bulk_id, 65_536); 4]);
+    assert_eq!(
+        data_frames(&mut core, 4 * (65_536 + 8)),
+        vec![(bulk_id, 65_536); 4]
+    );
     write(&mut core, ping, 64);
     let next = data_frames(&mut core, 256 * 1024);
     let ping_at = next.iter().position(|&(id, _)| id == ping_id);
@@ -853,7 +860,12 @@ fn a_higher_priority_goes_first() {
     // The rest of the high stream, then the low one with what is left of the batch.
     assert_eq!(second.first().map(|f| f.0), Some(high_id));
     assert_eq!(second.last().map(|f| f.0), Some(low_id));
-    let high_sent: u32 = first.iter().chain(&second).filter(|f| f.0 == high_id).map(|f| f.1).sum();
+    let high_sent: u32 = first
+        .iter()
+        .chain(&second)
+        .filter(|f| f.0 == high_id)
+        .map(|f| f.1)
+        .sum();
     assert_eq!(high_sent, 300 * 1024);
 }
 
@@ -866,7 +878,13 @@ fn frames_are_cut_to_the_turn_and_the_stream_is_written_after_the_last_part() {
     write(&mut core, a, 65_536);
     write(&mut core, b, 65_536);
     let mut parts = Vec::new();
-    while parts.iter().filter(|f: &&(u32, u32)| f.0 == a_id).map(|f| f.1).sum::<u32>() < 65_536 {
+    while parts
+        .iter()
+        .filter(|f: &&(u32, u32)| f.0 == a_id)
+        .map(|f| f.1)
+        .sum::<u32>()
+        < 65_536
+    {
         assert!(core.inner.poll_written(a, Waker::noop()).is_pending());
         let batch = data_frames(&mut core, 20_000);
         assert!(!batch.is_empty());
@@ -874,5 +892,7 @@ fn frames_are_cut_to_the_turn_and_the_stream_is_written_after_the_last_part() {
     }
     assert!(core.inner.poll_written(a, Waker::noop()).is_ready());
     assert!(parts.iter().any(|f| f.0 == b_id), "b had turns meanwhile");
-    assert!(parts.iter().all(|f| f.1 as usize <= super::send_queue::QUANTUM));
+    assert!(parts
+        .iter()
+        .all(|f| f.1 as usize <= super::send_queue::QUANTUM));
 }

@@ -1,4 +1,4 @@
-//! How long writes wait for the peer's credit and for room in the data queue, for
+//! How long writes wait for the peer's credit and for room in the send queues, for
 //! `Session::stats`.
 //!
 //! A stream's state has no room for a timestamp (every stream pays for it, and it is held at
@@ -25,7 +25,7 @@ use super::id_hash::IdMap;
 pub(super) enum Blocked {
     /// The stream's send window is empty: the peer has not returned credit yet.
     Credit,
-    /// The session's data queue is full: the transport has not taken what is queued yet.
+    /// The session's send queues are full: the transport has not taken what is queued yet.
     Room,
 }
 
