@@ -481,6 +481,7 @@ pub mod frame;
 mod pool;
 mod session;
 mod stats;
+mod stopped;
 pub mod stream;
 #[cfg(feature = "tcp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tcp")))]

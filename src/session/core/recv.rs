@@ -15,7 +15,7 @@ use crate::flow::add_send_credit;
 #[cfg(test)]
 use crate::frame::Frame;
 use crate::frame::{Header, Kind, HEADER_LEN};
-use crate::stream::Stopped;
+use crate::stopped::Stopped;
 use crate::trace::event;
 
 impl Inner {

@@ -10,7 +10,7 @@ use super::recv_buf::RecvBuffer;
 use crate::error::Error;
 use crate::flow::{RecvWindow, Tuner};
 use crate::frame::INITIAL_WINDOW;
-use crate::stream::Stopped;
+use crate::stopped::Stopped;
 
 /// `StreamState::send_queue` of a stream with nothing queued nor unwritten.
 pub(super) const NO_QUEUE: u32 = u32::MAX;

@@ -1,0 +1,420 @@
+//! [`Connection`]: the future that drives one session's transport.
+//!
+//! It alone reads and writes the transport, and talks to the session's core only through its
+//! methods. Each poll it (1) reads whatever the transport has and applies the frames to the
+//! core, (2) takes the queued frames (control first, then data) and writes them, (3) runs the
+//! keepalive, idle and write-stall timers. Reading never waits for the application: received
+//! data goes into per-stream buffers bounded by the credit this side granted, inbound streams
+//! beyond the backlog are refused, and a pending transport write does not stop reads (both are
+//! polled in the same turn). Reading waits only while the control queue is over its bound,
+//! which only a peer that does not read our frames can cause.
+//!
+//! One file per part, as h2's `proto/` and quinn's `connection/` split theirs:
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `mod.rs` | the `Connection` future: its state, and `poll`'s table of phases |
+//! | `read.rs` | reading the transport and applying the frames to the core |
+//! | `write.rs` | the write side: batches taken from the core, written as the transport takes them |
+//! | `timers.rs` | keepalive, idle, liveness and write-stall timers; buffers given back when quiet |
+//! | `closing.rs` | the closing phases: flushing, shutting down, draining |
+
+mod closing;
+mod read;
+mod timers;
+mod write;
+
+use self::timers::Timer;
+use self::write::{FIRST_BUDGET, MIN_BUDGET};
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+
+use crate::codec::FrameCodec;
+use crate::error::Error;
+use crate::session::core::{Batch, Shared};
+use crate::session::linger::Linger;
+use crate::session::out_queue::{Cursor, OutQueue};
+use crate::session::read_buf::ReadBuffer;
+
+/// Drives a session: reads, writes and times its transport. Created by
+/// [`Session::new`](crate::Session::new); [`Session::client`](crate::Session::client) and the
+/// other constructors spawn it for you.
+///
+/// Resolves when the session has ended and the transport is closed: `Ok(())` after a graceful
+/// close by either side, otherwise the error that ended it. Dropping it ends the session: every
+/// stream operation then fails with [`Error::ClosedLocally`].
+#[must_use = "a session does nothing unless its connection is polled (spawn it)"]
+pub struct Connection<T> {
+    io: T,
+    shared: Arc<Shared>,
+    codec: FrameCodec,
+    read_buf: ReadBuffer,
+    /// When the session has gone quiet and gives its buffers back.
+    linger: Linger,
+    /// The batch being written: its control frames, written first…
+    control_buf: Vec<u8>,
+    control_done: usize,
+    /// …then its data, frames taken from the streams' send queues (see `SendQueues::take`).
+    write_buf: OutQueue,
+    written: Cursor,
+    /// Where the batch lies in the core's queues, and how much of its data is written.
+    batch: Batch,
+    batch_data_done: u64,
+    /// Where frames of the batch start (some of them): where control frames may go in.
+    boundaries: VecDeque<u64>,
+    /// Control frames were queued after the batch was taken: they go at the next boundary.
+    control_waiting: bool,
+    /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
+    /// releases the queues' memory.
+    large_batch_at: Option<Instant>,
+    /// Whether bytes were written since the transport was last flushed.
+    unflushed: bool,
+    /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
+    /// bytes the transport took since it last pushed back; whether it did since the last batch
+    /// was taken.
+    budget: usize,
+    max_budget: usize,
+    round_taken: usize,
+    pushed_back: bool,
+    phase: Phase,
+    /// Wakers collected under the lock, woken after it is released.
+    wakers: Vec<Waker>,
+    /// Reading waits for the control queue to drain below its bound.
+    read_paused: bool,
+    /// The transport's read side has ended (end-of-file or an error).
+    read_closed: bool,
+    /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
+    peer_closed: bool,
+    keepalive_interval: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    write_stall_timeout: Option<Duration>,
+    /// Built on the first poll, inside the runtime (a `Sleep` needs its time driver).
+    keepalive: Option<Timer>,
+    idle: Option<Timer>,
+    /// Twice the keepalive interval a peer of this crate announced: silence that long means
+    /// it is dead (see `Error::KeepaliveTimeout`). Set once its greeting has come.
+    liveness: Option<Timer>,
+    /// The peer's kind is known, so `liveness` is settled.
+    peer_known: bool,
+    timers_started: bool,
+    /// Armed while the transport takes none of the bytes waiting for it.
+    stall: Option<Pin<Box<Sleep>>>,
+    stall_armed: bool,
+    close_deadline: Option<Pin<Box<Sleep>>>,
+    close_timeout: Duration,
+    /// A write to the transport failed: why, and until when the driver reads on.
+    write_failed: Option<(Error, Pin<Box<Sleep>>)>,
+    /// `gomux{session, role}`, entered while the driver runs.
+    #[cfg(feature = "tracing")]
+    span: tracing::Span,
+    _end_on_drop: EndOnDrop,
+}
+
+impl<T> fmt::Debug for Connection<T> {
+    /// The session and where the driver is in its life; not the transport, which need not be
+    /// `Debug`, nor the buffers.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.shared.lock();
+        f.debug_struct("Connection")
+            .field("session", &inner.id)
+            .field("role", &inner.role)
+            .field("phase", &self.phase)
+            .field("streams", &inner.stream_count())
+            .field("read_closed", &self.read_closed)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reading, writing and timing.
+    Active,
+    /// The session has ended: write out what is queued (CloseMux included).
+    Flushing,
+    /// Everything is written: shut the transport's writing down.
+    ShuttingDown,
+    /// Read and discard until the peer closes too, so that no unread input makes the kernel
+    /// reset the connection under the peer's last reads.
+    Draining,
+    /// The transport is closed or abandoned.
+    Done,
+}
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    pub(crate) fn new(io: T, shared: Arc<Shared>) -> Connection<T> {
+        let inner = shared.lock();
+        let c = &inner.config;
+        crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
+        let max_budget = c.write_buffer_size.max(MIN_BUDGET);
+        let (max_payload, keepalive, idle, stall, close_timeout) = (
+            c.max_payload,
+            c.keepalive_interval,
+            c.idle_timeout,
+            c.write_stall_timeout,
+            c.close_timeout,
+        );
+        #[cfg(feature = "tracing")]
+        let span = tracing::debug_span!("gomux", session = inner.id, role = ?inner.role);
+        drop(inner);
+        let end_on_drop = EndOnDrop(Arc::clone(&shared));
+        Connection {
+            io,
+            shared,
+            codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
+            read_buf: ReadBuffer::new(),
+            linger: Linger::new(),
+            control_buf: Vec::new(),
+            control_done: 0,
+            write_buf: OutQueue::new(),
+            written: Cursor::default(),
+            batch: Batch::default(),
+            batch_data_done: 0,
+            boundaries: VecDeque::new(),
+            control_waiting: false,
+            large_batch_at: None,
+            unflushed: false,
+            budget: FIRST_BUDGET.min(max_budget),
+            max_budget,
+            round_taken: 0,
+            pushed_back: false,
+            phase: Phase::Active,
+            wakers: Vec::new(),
+            read_paused: false,
+            read_closed: false,
+            peer_closed: false,
+            keepalive_interval: keepalive,
+            idle_timeout: idle,
+            write_stall_timeout: stall,
+            keepalive: None,
+            idle: None,
+            liveness: None,
+            peer_known: false,
+            timers_started: false,
+            stall: None,
+            stall_armed: false,
+            close_deadline: None,
+            close_timeout,
+            write_failed: None,
+            #[cfg(feature = "tracing")]
+            span,
+            _end_on_drop: end_on_drop,
+        }
+    }
+
+    /// The transport.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// Takes the transport back. Once this future has resolved the session is over and the
+    /// transport was shut down (after a graceful close) or failed; before that, this ends the
+    /// session as dropping the driver would, without a CloseMux, leaving the transport as it
+    /// is, perhaps in the middle of a frame.
+    ///
+    /// Only a driver you poll yourself ([`Session::new`](crate::Session::new)) can be taken
+    /// apart: the constructors that spawn it keep it inside the task, which drops the
+    /// transport when the session ends.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (io, _peer) = tokio::io::duplex(1024);
+    /// let (session, mut connection) =
+    ///     gomux::Session::new(io, gomux::Role::Client, gomux::Config::default());
+    /// let (closed, driven) = tokio::join!(session.close(), &mut connection);
+    /// closed?;
+    /// driven?;
+    /// let io: tokio::io::DuplexStream = connection.into_inner();
+    /// # drop(io);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.io
+    }
+
+    fn wake_collected(&mut self) {
+        for waker in self.wakers.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// Ends the session with `error`; `close_mux` says whether the peer should be told.
+    fn end(&mut self, error: Error, close_mux: bool) {
+        let mut inner = self.shared.lock();
+        inner.end(error, close_mux, &mut self.wakers);
+        drop(inner);
+        self.wake_collected();
+    }
+}
+
+impl<T> Future for Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    type Output = Result<(), Error>;
+
+    /// | phase | does | until |
+    /// |---|---|---|
+    /// | `Active` | reads and applies frames, writes batches, runs timers | the session ends |
+    /// | `Flushing` | writes what is queued, CloseMux included | all written (or the close timeout) |
+    /// | `ShuttingDown` | shuts the transport's writing down | done |
+    /// | `Draining` | reads and discards | the peer closes (or the close timeout) |
+    /// | `Done` | resolves with the session's outcome | |
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let this = &mut *self;
+        #[cfg(feature = "tracing")]
+        let _span = this.span.clone().entered();
+        loop {
+            match this.phase {
+                Phase::Done => return Poll::Ready(this.shared.lock().outcome()),
+                Phase::Flushing | Phase::ShuttingDown | Phase::Draining => {
+                    if this.poll_closing(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
+                Phase::Active => {}
+            }
+            let more_to_read = this.poll_read_frames(cx);
+            this.check_end();
+            if this.phase != Phase::Active {
+                continue;
+            }
+            match &mut this.write_failed {
+                None => {
+                    if let Poll::Ready(Err(error)) = this.poll_write_out(cx) {
+                        // The peer may have sent data, even its CloseMux, before the connection
+                        // failed: read on until the transport ends (for at most the close
+                        // timeout), so that none of it is lost. Writes go nowhere meanwhile.
+                        let deadline = Box::pin(tokio::time::sleep(this.close_timeout));
+                        let mut inner = this.shared.lock();
+                        inner.transport_write_failed(error.clone(), &mut this.wakers);
+                        drop(inner);
+                        this.wake_collected();
+                        this.write_failed = Some((error, deadline));
+                        continue;
+                    }
+                }
+                Some((error, deadline)) => {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        let error = error.clone();
+                        this.end(error, false);
+                        this.check_end();
+                        continue;
+                    }
+                }
+            }
+            this.poll_timers(cx);
+            this.check_end();
+            if this.phase != Phase::Active {
+                continue;
+            }
+            if this.linger.poll_quiet(cx) {
+                this.release_buffers();
+            }
+            if more_to_read {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            // Sleep until a handle queues output (it takes this waker) or the transport or a
+            // timer wakes us. Checked and registered under one lock, so that nothing a handle
+            // did since the checks above is missed: a handle finds no waker to take while the
+            // driver runs, so a session ended meanwhile (`Session::close` from another thread)
+            // must be seen here, or its CloseMux waits for the next keepalive, or for ever.
+            let mut inner = this.shared.lock();
+            let can_take = this.write_failed.is_none() && this.batch_written();
+            if can_take && inner.has_output()
+                || inner.end_reason().is_some()
+                || inner.drained()
+                || this.read_paused && !inner.control_over_limit()
+            {
+                continue;
+            }
+            let writing = this.write_failed.is_none() && !this.batch_written();
+            inner.set_driver_waker(cx.waker(), writing);
+            return Poll::Pending;
+        }
+    }
+}
+
+/// Ends the session when the driver goes away before it finished (dropped, or taken apart by
+/// [`Connection::into_inner`]): every stream operation then fails with
+/// [`Error::ClosedLocally`] instead of waiting for a driver that is gone.
+struct EndOnDrop(Arc<Shared>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        let mut wakers = Vec::new();
+        let mut inner = self.0.lock();
+        if inner.is_finished() {
+            return;
+        }
+        inner.end(Error::ClosedLocally, false, &mut wakers);
+        inner.finish(None, &mut wakers);
+        drop(inner);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::Connection;
+    use crate::{Config, Role, Session};
+
+    /// After a burst, the outgoing queues keep their capacity for `QUEUE_LINGER` and give it
+    /// back when the driver next runs after that. (Here the timeouts wake the driver as they
+    /// expire; an idle session's keepalive does the same.)
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_session_gives_back_its_outgoing_buffers() {
+        let (io, peer) = tokio::io::duplex(64 * 1024);
+        let (session, mut connection) = Session::new(io, Role::Client, Config::default());
+        let peer = Session::server(peer);
+        tokio::spawn(async move {
+            let mut stream = peer.accept().await.expect("accept");
+            let mut buf = vec![0; 64 * 1024];
+            while stream.read(&mut buf).await.expect("read") > 0 {}
+        });
+        let burst = async {
+            let mut stream = session.open().await.expect("open");
+            stream.write_all(&[7; 4 << 20]).await.expect("write");
+            stream
+        };
+        let stream = tokio::select! {
+            stream = burst => stream,
+            _ = &mut connection => panic!("the session ended"),
+        };
+        let held = |connection: &Connection<_>| {
+            connection.write_buf.capacity() + connection.shared.lock().data_capacity()
+        };
+        // The driver writes out what is queued, and runs again as the timeout expires.
+        let _ = tokio::time::timeout(super::write::QUEUE_LINGER / 2, &mut connection).await;
+        assert!(
+            held(&connection) > super::write::QUEUE_KEEP,
+            "the burst's buffers are kept at first"
+        );
+        let _ = tokio::time::timeout(super::write::QUEUE_LINGER, &mut connection).await;
+        assert_eq!(
+            held(&connection),
+            0,
+            "and released once the session is quiet"
+        );
+        drop(stream);
+    }
+}

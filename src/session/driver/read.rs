@@ -1,0 +1,182 @@
+//! Reading: the transport's bytes, decoded into frames and applied to the core.
+
+use super::{Connection, Timer};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Buf;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::error::{CodecError, Error};
+use crate::frame::Kind;
+use crate::session::core::recv_buf::{Payload, PIN_MIN};
+use crate::session::core::PeerKind;
+
+/// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
+/// connection cannot monopolise a runtime thread.
+const READ_BUDGET: usize = 1024 * 1024;
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    // Reading.
+
+    /// Applies the frames already buffered, then reads and applies more until the transport
+    /// has nothing, the budget is spent, or the control queue is over its bound. Returns whether
+    /// the budget ran out (the driver should yield and come back).
+    pub(super) fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut budget = READ_BUDGET;
+        loop {
+            if self.read_closed {
+                // After a CloseMux or a broken frame, what follows is not the session's.
+                return false;
+            }
+            if !self.read_buf.is_empty() || self.read_paused {
+                match self.apply_frames() {
+                    Ok(true) => {
+                        // The peer sends faster than it reads our answers: wait for the
+                        // transport to take them (the writer wakes us when it does).
+                        self.read_paused = true;
+                        return false;
+                    }
+                    Ok(false) => self.read_paused = false,
+                    Err(error) => {
+                        // Nothing after a CloseMux or a broken frame is read: the session is
+                        // over, and what follows a CloseMux stays for `into_inner`.
+                        self.read_closed = true;
+                        self.end_by_peer(error);
+                        return false;
+                    }
+                }
+            }
+            if self.read_closed {
+                return false;
+            }
+            let missing = self.codec.payload_missing(self.read_buf.get_mut());
+            let space = self.read_buf.prepare(missing);
+            let read_buf = self.read_buf.get_mut();
+            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf) {
+                Poll::Pending => {
+                    self.read_buf.drained();
+                    return false;
+                }
+                Poll::Ready(Ok(0)) => {
+                    self.read_closed = true;
+                    let error = if let Some((error, _)) = &self.write_failed {
+                        error.clone()
+                    } else if self.read_buf.is_empty() && !self.codec.in_frame() {
+                        Error::ConnectionClosed
+                    } else {
+                        Error::UnexpectedEof
+                    };
+                    self.end(error, false);
+                    return false;
+                }
+                Poll::Ready(Ok(n)) => {
+                    if n == space {
+                        self.read_buf.filled();
+                    }
+                    self.linger.touch(Instant::now());
+                    n
+                }
+                Poll::Ready(Err(e)) => {
+                    self.read_closed = true;
+                    self.end(e.into(), false);
+                    return false;
+                }
+            };
+            let now = Instant::now();
+            for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
+                silence.last = now;
+            }
+            budget = budget.saturating_sub(n);
+            if budget == 0 {
+                // Apply what was read before yielding, so that the readers it wakes run on
+                // this thread next (tokio's LIFO slot) rather than after the driver, perhaps
+                // on another thread; the next poll reads on.
+                match self.apply_frames() {
+                    Ok(paused) => self.read_paused = paused,
+                    Err(error) => {
+                        self.read_closed = true;
+                        self.end_by_peer(error);
+                        return false;
+                    }
+                }
+                return !self.read_paused;
+            }
+        }
+    }
+
+    /// Ends the session for what the peer sent: a peer that broke the protocol is told so,
+    /// best effort; one that sent CloseMux is closing already.
+    pub(super) fn end_by_peer(&mut self, error: Error) {
+        let close_mux = matches!(error, Error::Protocol(_));
+        self.peer_closed = matches!(error, Error::ClosedByPeer);
+        self.end(error, close_mux);
+    }
+
+    /// Decodes the whole frames in the read buffer and applies them, under one lock, until the
+    /// control queue is over its bound. Returns whether it is (reading must pause).
+    pub(super) fn apply_frames(&mut self) -> Result<bool, Error> {
+        let now = Instant::now();
+        let source = self.read_buf.source();
+        let mut inner = self.shared.lock();
+        let result = loop {
+            if inner.control_over_limit() {
+                break Ok(true);
+            }
+            let buf = self.read_buf.get_mut();
+            match self.codec.decode_complete(buf) {
+                Ok(Some(header)) => {
+                    let len = match header.kind {
+                        Kind::Data => header.length as usize,
+                        _ => 0,
+                    };
+                    // A long payload stays a slice of the read buffer; a short one (and the
+                    // empty one of other kinds) is copied out by the stream straight from here.
+                    let (payload, rest) = if len >= PIN_MIN {
+                        (Payload::Shared(buf.split_to(len).freeze()), 0)
+                    } else {
+                        (Payload::Borrowed(&buf[..len]), len)
+                    };
+                    let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
+                    buf.advance(rest);
+                    if let Err(error) = applied {
+                        break Err(error);
+                    }
+                }
+                Ok(None) => break Ok(false),
+                Err(CodecError::Protocol(e)) => break Err(e.into()),
+                Err(CodecError::Io(e)) => break Err(e.into()),
+                // Only the encoder reports it.
+                Err(CodecError::InvalidFrame(_)) => break Ok(false),
+            }
+        };
+        let kind = inner.peer_kind();
+        drop(inner);
+        if !self.peer_known {
+            self.learn_peer(kind);
+        }
+        self.wake_collected();
+        result
+    }
+
+    /// Once the peer's first frame told what it is: a peer of this crate that announced a
+    /// keepalive interval is expected to send something at least that often, so twice that
+    /// silence ends the session. (A keepalive goes out after an interval without writes, so a
+    /// live peer is never silent longer than one interval plus the way here.)
+    pub(super) fn learn_peer(&mut self, kind: PeerKind) {
+        match kind {
+            PeerKind::Unknown => {}
+            PeerKind::Greeted {
+                keepalive: Some(interval),
+            } => {
+                self.peer_known = true;
+                self.liveness = Some(Timer::silence(interval.saturating_mul(2)));
+            }
+            PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
+        }
+    }
+}

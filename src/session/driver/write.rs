@@ -1,0 +1,246 @@
+//! The write side: batches taken from the core, written as the transport takes them.
+
+use super::Connection;
+use std::future::Future;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::config::deadline_after;
+use crate::error::Error;
+use crate::session::out_queue::{Cursor, MAX_SLICES};
+
+/// Outgoing queues grow to the largest batch written (up to about `write_buffer_size`, twice:
+/// the queue being filled and the batch being written) and keep that capacity while traffic
+/// lasts. When the driver finds nothing to write and it finished its last batch larger than
+/// `QUEUE_KEEP` at least `QUEUE_LINGER` ago, it gives both back to the allocator, so a burst's
+/// buffers are not held by a session gone quiet. It looks whenever it runs: an idle driver runs
+/// at the latest when the keepalive is due (30 s by default), or with keepalives off at the
+/// next activity.
+pub(super) const QUEUE_KEEP: usize = 64 * 1024;
+pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
+
+/// A batch holds at least this much data (when there is that much), and at first at most
+/// [`FIRST_BUDGET`]. Its size then follows what the transport takes: twice the last one while
+/// the transport takes whole batches (up to `write_buffer_size`), and what it took before
+/// pushing back when it does. So on a slow link the batch in hand, which a frame queued
+/// meanwhile waits behind, stays about as small as what the socket takes at a time (with
+/// `TCP_NOTSENT_LOWAT`, see `gomux::tcp`), while a fast one gets large writes.
+pub(super) const MIN_BUDGET: usize = 16 * 1024;
+pub(super) const FIRST_BUDGET: usize = 64 * 1024;
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    // Writing.
+
+    pub(super) fn batch_written(&self) -> bool {
+        self.control_done == self.control_buf.len() && self.write_buf.is_written(&self.written)
+    }
+
+    /// Writes queued frames until the transport would block or nothing is queued, then flushes.
+    /// Each batch starts with every control frame queued so far, then frames from the send queues, up to the budget. Progress
+    /// is reported to the core after every transport write. `Ready(Ok)` means everything
+    /// queued so far is written and flushed.
+    pub(super) fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let mut took = false;
+        loop {
+            if self.batch_written() {
+                let mut inner = self.shared.lock();
+                if !inner.has_output() {
+                    // Room nobody has claimed: the tasks woken for it may have been cancelled.
+                    // Pass it on (unless it was just handed out), and come back to check again
+                    // until nobody waits, since nothing else may wake this task.
+                    let waiting = if took {
+                        inner.room_waiting()
+                    } else {
+                        inner.void_room_grants();
+                        inner.wake_room(&mut self.wakers)
+                    };
+                    if waiting {
+                        cx.waker().wake_by_ref();
+                    }
+                    if self
+                        .large_batch_at
+                        .is_some_and(|at| at.elapsed() >= QUEUE_LINGER)
+                    {
+                        self.large_batch_at = None;
+                        inner.release_data_buffers();
+                        self.write_buf.release();
+                        self.written = Cursor::default();
+                        self.control_buf = Vec::new();
+                        self.control_done = 0;
+                    }
+                    drop(inner);
+                    self.wake_collected();
+                    break;
+                }
+                self.control_buf.clear();
+                self.control_done = 0;
+                self.write_buf.clear();
+                self.written = Cursor::default();
+                self.batch_data_done = 0;
+                self.boundaries.clear();
+                if !self.pushed_back {
+                    self.budget = (self.budget * 2).min(self.max_budget);
+                }
+                self.pushed_back = false;
+                self.batch = inner.take_batch(
+                    Instant::now(),
+                    self.budget,
+                    &mut self.control_buf,
+                    &mut self.write_buf,
+                    &mut self.boundaries,
+                    &mut self.wakers,
+                );
+                self.control_waiting = false;
+                took = true;
+                drop(inner);
+                self.wake_collected();
+                continue;
+            }
+            let data_limit = self.control_in_batch();
+            let io = Pin::new(&mut self.io);
+            let control = &self.control_buf[self.control_done..];
+            let result = if io.is_write_vectored() {
+                let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+                let mut count = 0;
+                if !control.is_empty() {
+                    slices[0] = IoSlice::new(control);
+                    count = 1;
+                }
+                count += self
+                    .write_buf
+                    .slices(&self.written, &mut slices[count..], data_limit);
+                io.poll_write_vectored(cx, &slices[..count])
+            } else if !control.is_empty() {
+                io.poll_write(cx, control)
+            } else {
+                let next = self.write_buf.next_slice(&self.written);
+                io.poll_write(cx, &next[..next.len().min(data_limit)])
+            };
+            match result {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(
+                        std::io::Error::from(std::io::ErrorKind::WriteZero).into()
+                    ))
+                }
+                Poll::Ready(Ok(n)) => self.advance(n),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => {
+                    self.budget = self.round_taken.clamp(MIN_BUDGET, self.max_budget);
+                    self.round_taken = 0;
+                    self.pushed_back = true;
+                    self.arm_stall(cx);
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.stall_armed = false;
+        if self.unflushed {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => {
+                    self.arm_stall(cx);
+                    return Poll::Pending;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Control frames queued while the batch is written go out between two of its frames: at
+    /// a recorded frame start, the driver takes them now; before one, it writes data only up
+    /// to it. Returns how much data the next write may carry.
+    pub(super) fn control_in_batch(&mut self) -> usize {
+        if !self.control_waiting || self.control_done < self.control_buf.len() {
+            return usize::MAX;
+        }
+        let at = self.batch.data_start + self.batch_data_done;
+        while self.boundaries.front().is_some_and(|&start| start < at) {
+            self.boundaries.pop_front();
+        }
+        match self.boundaries.front() {
+            Some(&start) if start == at => {
+                self.control_buf.clear();
+                self.control_done = 0;
+                let mut inner = self.shared.lock();
+                self.batch.control_end =
+                    inner.take_control(Instant::now(), &mut self.control_buf, &mut self.wakers);
+                drop(inner);
+                self.wake_collected();
+                self.control_waiting = false;
+                usize::MAX
+            }
+            Some(&start) => (start - at) as usize,
+            // No frame starts in the rest of the batch: the control goes first in the next.
+            None => usize::MAX,
+        }
+    }
+
+    /// Moves past `n` bytes the transport took, and tells the core.
+    pub(super) fn advance(&mut self, n: usize) {
+        let control = n.min(self.control_buf.len() - self.control_done);
+        self.control_done += control;
+        let data = n - control;
+        self.round_taken += n;
+        self.write_buf.advance(&mut self.written, data);
+        self.batch_data_done += data as u64;
+        self.unflushed = true;
+        self.stall_armed = false;
+        let now = Instant::now();
+        self.linger.touch(now);
+        if let Some(keepalive) = &mut self.keepalive {
+            keepalive.last = now;
+        }
+        if self.write_buf.len() > QUEUE_KEEP && self.write_buf.is_written(&self.written) {
+            self.large_batch_at = Some(now);
+        }
+        let control_pos = if self.control_done == self.control_buf.len() {
+            self.batch.control_end
+        } else {
+            0
+        };
+        let data_pos = self.batch.data_start + self.batch_data_done;
+        let mut inner = self.shared.lock();
+        inner.written(data_pos, control_pos, n as u64, &mut self.wakers);
+        self.control_waiting = inner.control_waiting();
+        drop(inner);
+        self.wake_collected();
+    }
+
+    /// The transport takes nothing of what waits for it: start the write-stall clock, unless
+    /// it runs already.
+    pub(super) fn arm_stall(&mut self, cx: &mut Context<'_>) {
+        let Some(timeout) = self.write_stall_timeout else {
+            return;
+        };
+        if self.stall_armed {
+            return;
+        }
+        self.stall_armed = true;
+        let deadline = deadline_after(Instant::now(), timeout);
+        match &mut self.stall {
+            Some(sleep) => sleep.as_mut().reset(deadline),
+            None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        if let Some(sleep) = &mut self.stall {
+            let _ = sleep.as_mut().poll(cx);
+        }
+    }
+
+    /// Whether the transport took nothing for the whole write-stall timeout.
+    pub(super) fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        self.stall_armed
+            && self
+                .stall
+                .as_mut()
+                .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
+    }
+}

@@ -1,0 +1,23 @@
+//! [`Stopped`]: how the peer stopped taking data on a stream. Its own module, below both the
+//! stream handles and the session core that reports it.
+
+/// How the peer stopped taking data on a stream, from [`Stream::stopped`](crate::Stream::stopped).
+///
+/// The protocol has no refusal frame and no error codes: a peer refuses a stream (its accept
+/// backlog is full, or it drains) by closing it at once. A peer of this crate acknowledges
+/// every stream its application accepts, so a stream of ours it closed before anything came
+/// back is reported as refused, and its reads and writes fail with
+/// [`Error::Refused`](crate::Error::Refused). A Go peer acknowledges nothing: a stream it
+/// closes unanswered may have been handled, and is reported as [`Stopped::Closed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stopped {
+    /// The peer stopped reading (CloseWrite, from its `close_read` or Go's `CloseRead`); it may
+    /// still send.
+    ReadClosed,
+    /// The peer closed the stream (CloseStream), after its application had it.
+    Closed,
+    /// A peer of this crate closed the stream (CloseStream) before its application accepted
+    /// it: refused, and safe to retry.
+    Refused,
+}
