@@ -72,7 +72,7 @@ impl Role {
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
 ///   plus 24 bytes per stream for its opens and closes; the batch being written holds at most
-///   as much again (its size follows what the transport takes, from 16 KiB up); emptied queues
+///   as much again (its size follows what the transport takes, from 8 KiB up); emptied queues
 ///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
 ///   goes quiet. The control queue (credit, refusals, keepalives)
 ///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is

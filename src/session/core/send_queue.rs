@@ -358,6 +358,17 @@ impl SendQueues {
                     continue;
                 };
                 let alone = level.round.len() == 1;
+                if left == 0 && !alone {
+                    // It filled a batch alone: its turn is over, and a queue that came
+                    // meanwhile goes first.
+                    level.round.pop_front();
+                    level.round.push_back(Turn {
+                        queue: key,
+                        left: QUANTUM,
+                    });
+                    continue;
+                }
+                let left = if left == 0 { QUANTUM } else { left };
                 let budget_before = budget;
                 let allow = if alone { budget } else { left.min(budget) };
                 let mut spent = 0;
@@ -388,8 +399,8 @@ impl SendQueues {
                     continue;
                 }
                 // Something is left: the turn is over (it was what limited the take), or
-                // the batch is full and the turn goes on in the next one. A queue alone starts
-                // its next turn afresh, so that one that comes meanwhile waits a quantum at most.
+                // the batch is full and the turn goes on in the next one. A queue alone ends its
+                // turn with the batch, so that one that comes meanwhile goes first in the next.
                 if !alone && left <= budget_before {
                     level.round.pop_front();
                     level.round.push_back(Turn {

@@ -30,7 +30,7 @@ pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 /// pushing back when it does. So on a slow link the batch in hand, which a frame queued
 /// meanwhile waits behind, stays about as small as what the socket takes at a time (with
 /// `TCP_NOTSENT_LOWAT`, see `gomux::tcp`), while a fast one gets large writes.
-pub(super) const MIN_BUDGET: usize = 16 * 1024;
+pub(super) const MIN_BUDGET: usize = 8 * 1024;
 pub(super) const FIRST_BUDGET: usize = 64 * 1024;
 
 impl<T> Connection<T>
