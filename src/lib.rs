@@ -492,7 +492,7 @@ pub use crate::config::{Config, Role};
 pub use crate::error::{CodecError, Error, InvalidFrame, ProtocolError};
 pub use crate::pool::{Pool, PoolBuilder, PooledSession};
 pub use crate::session::{Connection, Incoming, Session};
-pub use crate::stats::Stats;
+pub use crate::stats::{Stats, StreamStats};
 
 /// tokio-util's adapters between tokio's and `futures::io`'s I/O traits (feature `futures-io`):
 /// `stream.compat()` makes a [`Stream`] a `futures::io::AsyncRead + AsyncWrite`, and

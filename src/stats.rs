@@ -5,13 +5,10 @@
 //! timed by reading the clock only when a write starts or stops waiting, never for a write that
 //! goes straight through.
 //!
-//! Per-stream figures are left out: each would grow every stream's state, and an idle stream
-//! end is to stay within 256 bytes, which it nearly fills (`cargo run --release --example
-//! many_streams`, last line: 244 to 263 bytes per idle stream end in six runs on a busy
-//! 2-core machine, with and without these counters; resident-set growth is noisy). What a
-//! stream can tell about itself is on [`Stream`](crate::Stream): its
-//! [`buffered`](crate::Stream::buffered) data, and whether the peer
-//! [`stopped`](crate::Stream::peer_stopped) taking data.
+//! Per-stream figures, [`StreamStats`] from [`Stream::stats`](crate::Stream::stats), add
+//! nothing to a stream that never waits: an idle stream end is to stay within 256 bytes, so
+//! its waits are kept in a table of their own, with an entry only for a stream whose writes
+//! have waited (`core::write_waits`), and its queued bytes are its send queue's length.
 //!
 //! There is no `metrics` facade feature: a snapshot holds everything, costs one lock to take,
 //! and an application that exports metrics reads it at the rate its exporter scrapes, rather
@@ -97,7 +94,53 @@ pub struct Stats {
     /// each control frame.
     pub queued: u64,
     /// The smallest round trip measured on the streams, which the receive-window tuner works
-    /// with: from credit written to a peer that had none left to the next data it sends on
-    /// that stream. `None` until some sender has run out of credit (and then sent more).
+    /// with: from credit written to the peer to the first data it sends beyond the credit it
+    /// held then. `None` until a peer has sent data beyond some credit returned to it.
     pub min_rtt: Option<Duration>,
+}
+
+/// A snapshot of one stream's figures, from [`Stream::stats`](crate::Stream::stats) (and the
+/// halves' `stats`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tokio::io::AsyncWriteExt;
+///
+/// let (a, b) = tokio::io::duplex(64 * 1024);
+/// let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// let mut stream = client.open().await?;
+/// stream.write_all(&[0; 1000]).await?;
+/// let stats = stream.stats();
+/// assert_eq!(stats.send_credit, 64 * 1024 - 1000); // until the peer returns credit
+/// assert_eq!(stats.credit_waits, 0);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamStats {
+    /// Writes that found the stream's send window empty (the peer had not returned credit)
+    /// and waited.
+    pub credit_waits: u64,
+    /// The time those writes waited, the wait under way included.
+    pub credit_wait_time: Duration,
+    /// Writes that found the session's send queues full and waited.
+    pub room_waits: u64,
+    /// The time those writes waited, the wait under way included.
+    pub room_wait_time: Duration,
+    /// Credit the peer has granted and the stream has not used: what it may still send.
+    pub send_credit: u32,
+    /// Bytes the stream queued and the transport has not taken yet (headers included), not
+    /// counting the batch the driver is writing.
+    pub queued: u64,
+    /// Bytes received and not read yet.
+    pub buffered: u64,
+    /// The stream's receive window: what the peer may have in flight towards it (it grows
+    /// when the window, not the link or the reader, limits the stream).
+    pub receive_window: u32,
+    /// The session's round-trip estimate (see [`Stats::min_rtt`]).
+    pub min_rtt: Option<Duration>,
+    /// Its send priority (see [`Stream::set_priority`](crate::Stream::set_priority)).
+    pub priority: i32,
 }

@@ -187,6 +187,10 @@ impl Handle {
         self.shared.lock().buffered(self.key)
     }
 
+    fn stats(&self) -> crate::stats::StreamStats {
+        self.shared.lock().stream_stats(self.key)
+    }
+
     fn set_priority(&self, priority: i32) {
         self.shared.lock().set_priority(self.key, priority);
     }
@@ -293,6 +297,14 @@ impl Stream {
     /// The priority set with [`Stream::set_priority`] (0 unless changed).
     pub fn priority(&self) -> i32 {
         self.handle.priority()
+    }
+
+    /// A snapshot of the stream's figures: its waits for credit and for room, its credit, what
+    /// it has queued and buffered, its receive window (see [`StreamStats`]).
+    ///
+    /// [`StreamStats`]: crate::StreamStats
+    pub fn stats(&self) -> crate::StreamStats {
+        self.handle.stats()
     }
 
     /// Waits until the peer stops taking data on this stream, and says how: it stopped
@@ -517,6 +529,11 @@ impl OwnedReadHalf {
         self.handle.id
     }
 
+    /// A snapshot of the stream's figures, as [`Stream::stats`].
+    pub fn stats(&self) -> crate::StreamStats {
+        self.handle.stats()
+    }
+
     /// Stops reading, as [`Stream::close_read`].
     pub fn close_read(&mut self) {
         self.handle.with_driver(|inner, key| inner.close_read(key));
@@ -577,6 +594,11 @@ impl OwnedWriteHalf {
     /// The priority set with [`OwnedWriteHalf::set_priority`] (0 unless changed).
     pub fn priority(&self) -> i32 {
         self.handle.priority()
+    }
+
+    /// A snapshot of the stream's figures, as [`Stream::stats`].
+    pub fn stats(&self) -> crate::StreamStats {
+        self.handle.stats()
     }
 
     /// Shuts the writing down (CloseRead: the peer reads end-of-stream) and waits until

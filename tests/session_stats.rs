@@ -112,3 +112,49 @@ async fn refusals_are_counted_on_both_ends() {
     // A stream the peer opened and then closed is not one this side had refused to it.
     assert_eq!(server.stats().refused_by_peer, 0);
 }
+
+/// `Stream::stats`: the waits are the stream's own, not the session's; what it queued, its
+/// credit and what it buffered show; and a stream that never waited has nothing counted.
+#[tokio::test(start_paused = true)]
+async fn a_streams_own_figures_show_its_waits_and_queues() {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (client, server) = (Session::client(a), Session::server(b));
+    let mut waiting = within("open", client.open()).await.expect("open");
+    let mut quiet = within("open", client.open()).await.expect("open");
+    quiet.write_all(b"hello").await.expect("write");
+    let (mut inbound, _second) = (
+        within("accept", server.accept()).await.expect("accept"),
+        within("accept", server.accept()).await.expect("accept"),
+    );
+    let stats_id = waiting.id();
+    assert_eq!(inbound.id(), stats_id);
+    // 100 KiB against a window of 64 KiB that nobody reads: the write waits for credit.
+    let writer = tokio::spawn(async move {
+        waiting.write_all(&[7; 100 * 1024]).await.expect("write");
+        waiting
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let quiet_stats = quiet.stats();
+    assert_eq!(
+        (quiet_stats.credit_waits, quiet_stats.room_waits),
+        (0, 0),
+        "{quiet_stats:?}"
+    );
+    assert_eq!(quiet_stats.send_credit, 64 * 1024 - 5, "{quiet_stats:?}");
+    assert_eq!(quiet_stats.credit_wait_time, Duration::ZERO);
+    // The reader takes it all; the writer finishes, and its wait is counted.
+    let mut all = vec![0; 100 * 1024];
+    inbound.read_exact(&mut all).await.expect("read");
+    let waiting = within("the write", writer).await.expect("no panic");
+    let stats = waiting.stats();
+    assert_eq!(stats.credit_waits, 1, "{stats:?}");
+    assert!(
+        stats.credit_wait_time >= Duration::from_secs(2),
+        "{stats:?}"
+    );
+    assert_eq!((stats.queued, stats.priority), (0, 0), "{stats:?}");
+    assert_eq!(stats.receive_window, 64 * 1024, "{stats:?}");
+    let inbound_stats = inbound.stats();
+    assert_eq!(inbound_stats.buffered, 0, "{inbound_stats:?}");
+    assert_eq!(client.stats().credit_waits, 1);
+}

@@ -246,6 +246,27 @@ impl Inner {
         }
     }
 
+    /// A snapshot of one stream's figures (defaults for a stream that is gone).
+    pub(crate) fn stream_stats(&self, key: usize) -> crate::stats::StreamStats {
+        let Some(stream) = self.streams.get(key) else {
+            return crate::stats::StreamStats::default();
+        };
+        let waits = self.write_waits.of_stream(key);
+        let queued = self.out.stream_queued(stream.send_queue);
+        crate::stats::StreamStats {
+            credit_waits: waits.credit_waits,
+            credit_wait_time: waits.credit_time,
+            room_waits: waits.room_waits,
+            room_wait_time: waits.room_time,
+            send_credit: stream.send_credit,
+            queued,
+            buffered: u64::from(stream.buffer.len()),
+            receive_window: stream.window.target(),
+            min_rtt: self.min_rtt.map(std::time::Duration::from_micros),
+            priority: self.priority(key),
+        }
+    }
+
     /// Bytes of read buffers kept alive by unread data, for tests.
     #[cfg(test)]
     pub(crate) fn pinned(&self) -> usize {

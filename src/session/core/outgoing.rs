@@ -150,6 +150,14 @@ impl Outgoing {
             .saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
     }
 
+    /// Bytes in the send queue `queue` (a stream's `send_queue`), 0 for none.
+    pub(super) fn stream_queued(&self, queue: u32) -> u64 {
+        if queue == NO_QUEUE {
+            return 0;
+        }
+        self.queues.queued_in(queue as usize) as u64
+    }
+
     /// Whether the control queue is written up to `mark` (a wrapping position).
     fn control_written_to(&self, mark: u32) -> bool {
         (self.control_written as u32).wrapping_sub(mark) < 1 << 31

@@ -267,6 +267,11 @@ impl SendQueues {
         self.levels.iter().any(|level| !level.round.is_empty())
     }
 
+    /// Bytes queued in queue `key`.
+    pub(super) fn queued_in(&self, key: usize) -> usize {
+        self.queues.get(key).map_or(0, SendQueue::len)
+    }
+
     pub(super) fn get_mut(&mut self, key: usize) -> Option<&mut SendQueue> {
         self.queues.get_mut(key)
     }

@@ -29,10 +29,21 @@ pub(super) enum Blocked {
     Room,
 }
 
+/// One stream's waits, kept from its first wait until it goes (`StreamStats`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct StreamWaits {
+    pub(super) credit_waits: u64,
+    pub(super) room_waits: u64,
+    pub(super) credit_time: Duration,
+    pub(super) room_time: Duration,
+}
+
 #[derive(Default)]
 pub(super) struct WriteWaits {
     /// By stream key: since when its writer waits, and for what (the latest reason).
     since: IdMap<usize, (Instant, Blocked)>,
+    /// By stream key, for each stream whose writes have waited: their counts and times.
+    streams: IdMap<usize, StreamWaits>,
     /// Writes that found no credit, or no room, and waited; a wait that changes its reason
     /// counts once for each.
     pub(super) credit_waits: u64,
@@ -51,11 +62,13 @@ impl WriteWaits {
         }
         let (since, why) = self.since.remove(&key)?;
         let waited = Instant::now().saturating_duration_since(since);
-        let total = match why {
-            Blocked::Credit => &mut self.credit_time,
-            Blocked::Room => &mut self.room_time,
+        let stream = self.streams.entry(key).or_default();
+        let (total, own) = match why {
+            Blocked::Credit => (&mut self.credit_time, &mut stream.credit_time),
+            Blocked::Room => (&mut self.room_time, &mut stream.room_time),
         };
         *total = total.saturating_add(waited);
+        *own = own.saturating_add(waited);
         Some(why)
     }
 
@@ -64,9 +77,16 @@ impl WriteWaits {
     pub(super) fn blocked(&mut self, key: usize, why: Blocked, was: Option<Blocked>) {
         self.since.insert(key, (Instant::now(), why));
         if was != Some(why) {
+            let stream = self.streams.entry(key).or_default();
             match why {
-                Blocked::Credit => self.credit_waits += 1,
-                Blocked::Room => self.room_waits += 1,
+                Blocked::Credit => {
+                    self.credit_waits += 1;
+                    stream.credit_waits += 1;
+                }
+                Blocked::Room => {
+                    self.room_waits += 1;
+                    stream.room_waits += 1;
+                }
             }
         }
     }
@@ -74,6 +94,20 @@ impl WriteWaits {
     /// Stream `key` is gone (its slab key will be reused): a wait it left ends here.
     pub(super) fn forget(&mut self, key: usize) {
         self.take(key);
+        self.streams.remove(&key);
+    }
+
+    /// Stream `key`'s waits, the one under way included.
+    pub(super) fn of_stream(&self, key: usize) -> StreamWaits {
+        let mut waits = self.streams.get(&key).copied().unwrap_or_default();
+        if let Some(&(since, why)) = self.since.get(&key) {
+            let waited = Instant::now().saturating_duration_since(since);
+            match why {
+                Blocked::Credit => waits.credit_time = waits.credit_time.saturating_add(waited),
+                Blocked::Room => waits.room_time = waits.room_time.saturating_add(waited),
+            }
+        }
+        waits
     }
 
     /// Time waited for credit and for room, the waits still under way included.
