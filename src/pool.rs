@@ -295,7 +295,15 @@ impl Pool {
             let (pooled, _opening) =
                 poll_fn(|cx| self.poll_choose(cx, &mut waiting.slot, deadline, timer.as_mut()))
                     .await?;
-            match pooled.session.open().await {
+            // The open waits within the same deadline for room on the session it was given
+            // (its `max_streams`, or the peer's backlog of unacknowledged streams).
+            let opened = tokio::time::timeout_at(deadline, pooled.session.open()).await;
+            let Ok(opened) = opened else {
+                return Err(Error::PoolUnavailable {
+                    last: Some(Box::new(Error::TooManyStreams)),
+                });
+            };
+            match opened {
                 Ok(stream) => return Ok((stream, pooled)),
                 // The session is over (or draining): it leaves its slot, and another is tried.
                 // Each time one fewer is live, and replacements are bounded by the backoff, so
@@ -525,8 +533,10 @@ impl PoolBuilder {
         self
     }
 
-    /// How long an [`open`](Pool::open) waits for a live session before it fails with
-    /// [`Error::PoolUnavailable`] (default: the connect timeout). [`Duration::ZERO`] never
+    /// How long an [`open`](Pool::open) waits for a live session, and then for room on it (the
+    /// session's `max_streams`, or the peer's backlog of unacknowledged streams), before it
+    /// fails with [`Error::PoolUnavailable`] (default: the connect timeout); one that timed out
+    /// waiting for room carries [`Error::TooManyStreams`] as its latest failure. [`Duration::ZERO`] never
     /// waits: an open fails at once when no session is live (the connects it starts go on).
     /// [`Duration::MAX`] waits for as long as it takes.
     pub fn open_timeout(mut self, timeout: Duration) -> PoolBuilder {

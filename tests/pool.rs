@@ -579,3 +579,27 @@ async fn debug_shows_the_pool_at_a_glance() {
         "{text}"
     );
 }
+
+/// The open timeout covers the wait for room on the session too: with the session at its
+/// `max_streams`, an open fails at the timeout with `PoolUnavailable`, carrying
+/// `TooManyStreams`, instead of waiting for ever; once a stream goes, opens go through again.
+#[tokio::test(start_paused = true)]
+async fn an_open_waiting_for_room_on_a_full_session_times_out() {
+    let server = Server::new();
+    let pool = server.pool_with(
+        Pool::builder(1)
+            .config(gomux::Config::default().max_streams(2))
+            .open_timeout(Duration::from_secs(1)),
+    );
+    let first = within("open", pool.open()).await.expect("open");
+    let _second = within("open", pool.open()).await.expect("open");
+    let started = Instant::now();
+    let error = within("open", pool.open()).await.expect_err("no room");
+    assert!(
+        matches!(&error, gomux::Error::PoolUnavailable { last: Some(last) } if matches!(**last, gomux::Error::TooManyStreams)),
+        "{error:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    drop(first);
+    within("open", pool.open()).await.expect("room again");
+}
