@@ -76,9 +76,9 @@ fn main() {
         let label = format!("{mbit}M/{delay_ms}ms");
         for priorities in [vec![0; 8], vec![10, 0]] {
             let test = if priorities.len() == 8 {
-                "8 equal"
+                "8-equal"
             } else {
-                "prio 10 vs 0"
+                "prio-10-vs-0"
             };
             eprintln!("{label} {test}...");
             match run(link, &priorities, window, warmup) {

@@ -13,6 +13,7 @@ WORK_DIR holds what the measuring script wrote:
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
 - alloc.txt: the output of the allocation test (alloc.failed if it failed);
 - loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
+- shares.txt: the table of benches/shares.rs (shares.failed if it failed).
 - idle-sessions.txt: the output of benches/idle_sessions.rs (idle-sessions.failed if it failed).
 
 NOTES_FILE (may be empty: no notes) is Markdown included as it is. Every figure printed comes
@@ -273,6 +274,41 @@ def loaded_section(run):
     out(table(["link", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"], rows,
               ["---", "---", "--:", "--:", "--:", "--:", "--:"]), "")
     failed = run.file("loaded.failed")
+    if failed is not None:
+        remarks.append("the bench failed: " + " ".join(failed.split()))
+    for remark in remarks:
+        out(f"- {remark}")
+    if remarks:
+        out("")
+
+
+def shares_section(run):
+    """How one session's bulk streams share the emulated link: the bench's rows."""
+    text = run.file("shares.txt")
+    if text is None:
+        return
+    section(
+        run, "Bulk streams sharing an emulated link",
+        ["One gomux session through the same emulated link (both sockets set up with",
+         "`gomux::tcp::configure`), each stream writing 64 KiB at a time as fast as it can: eight",
+         "streams at one priority, then a stream at priority 10 beside one at 0. Per-stream rates",
+         "in MiB/s over the window, the largest and smallest over their mean, and the total:"],
+        ["shares"],
+    )
+    rows, remarks = [], []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            if "failed" in line or "priority-10" in line:
+                remarks.append(line.lstrip("# "))
+            continue
+        cells = line.split()
+        if len(cells) >= 6:
+            link, test = cells[0], cells[1]
+            rates = " ".join(cells[2:-3])
+            rows.append([link, test, rates] + cells[-3:])
+    out(table(["link", "streams", "rates MiB/s", "max/mean", "min/mean", "total MiB/s"], rows,
+              ["---", "---", "---", "--:", "--:", "--:"]), "")
+    failed = run.file("shares.failed")
     if failed is not None:
         remarks.append("the bench failed: " + " ".join(failed.split()))
     for remark in remarks:
@@ -561,6 +597,7 @@ def main():
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)
+    shares_section(run)
     # --- The tunnel with pinned TLS ------------------------------------------------------------
     if meta.get("redis") == "true":
         security_section(run)

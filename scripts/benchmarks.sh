@@ -26,7 +26,8 @@
 # plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the 1000-stream
 # transfer, the allocation counts of tests/alloc.rs, latency under load over an emulated link
 # (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the same session,
-# gomux, two TCP connections, Go gomux and yamux), and the memory of 10,000 idle sessions beside
+# gomux, two TCP connections, Go gomux and yamux), how eight bulk streams of one session share that
+# link and what priority 10 beside 0 takes (benches/shares.rs), and the memory of 10,000 idle sessions beside
 # Go gomux's (benches/idle_sessions.rs).
 #
 # usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
@@ -77,6 +78,8 @@ profile_bytes_one=8G
 profile_bytes_many=4G
 # The latency-under-load bench's options: 10 s per row, or 3 s with --quick.
 loaded_options=()
+# The shares bench's options: 10 s per row, or 2 s with --quick.
+shares_options=()
 # The allocation test's build: release, or (--quick) the debug build the tests already made.
 alloc_build=(--release)
 output=$PWD/BENCHMARKS.md
@@ -107,6 +110,7 @@ while (($#)); do
         profile_bytes_many=512M
         alloc_build=()
         loaded_options=(--quick)
+        shares_options=(--seconds 2)
         idle_sessions=1000
         ;;
     --no-redis) redis=false ;;
@@ -172,6 +176,7 @@ peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
 cargo build --release --example speed --example many_streams >&2
 cargo bench --bench latency --no-run >&2
 cargo bench --features tcp --bench latency_under_load --no-run >&2
+cargo bench --features tcp --bench shares --no-run >&2
 cargo bench --bench idle_sessions --no-run >&2
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
@@ -538,6 +543,15 @@ echo "latency under load: ${loaded[*]} ($(date -u +%H:%M:%S))" >&2
 shown loaded "${loaded[*]}"
 if ! "${loaded[@]}" >"$work/loaded.txt" 2>"$work/loaded.err"; then
     tail -5 "$work/loaded.err" >"$work/loaded.failed"
+fi
+
+# How one session's bulk streams share the emulated link, once: eight at one priority, then
+# priority 10 beside 0. The bench prints its own table.
+shares=(cargo bench --features tcp --bench shares -- "${shares_options[@]}")
+echo "shares: ${shares[*]} ($(date -u +%H:%M:%S))" >&2
+shown shares "${shares[*]}"
+if ! "${shares[@]}" >"$work/shares.txt" 2>"$work/shares.err"; then
+    tail -5 "$work/shares.err" >"$work/shares.failed"
 fi
 
 # Idle sessions, one connection each: resident bytes per session end, this crate's and Go
