@@ -105,9 +105,13 @@
 //! ([`TcpStream::set_nodelay(true)`](https://docs.rs/tokio/1/tokio/net/struct.TcpStream.html#method.set_nodelay))
 //! on both ends of a TCP transport, as HTTP/2 and QUIC stacks do.
 //!
-//! Writers waiting for room in the queue are let in oldest first, with room kept for them, so
-//! streams writing at once share the connection, and a small frame waits behind at most that
-//! queue and what the transport holds, never behind another stream's whole transfer. Control frames (credit returned, refusals,
+//! Each stream's frames wait in a queue of its own, and the driver builds each transport write
+//! by taking turns between the streams with something to send (16 KiB per turn, higher
+//! [priorities](Stream::set_priority) first), so a small frame waits for a turn of each busy
+//! stream and for the batch being written, never behind what other streams queued before it.
+//! A batch's size follows what the transport takes, so over a slow link set up with
+//! `gomux::tcp::configure` (feature `tcp`) it stays small. Writers waiting for room in the queues
+//! are let in oldest first, with room kept for them. Control frames (credit returned, refusals,
 //! closes of streams with nothing queued, keepalives) have a queue of their own, which the
 //! driver writes ahead of the data at the start of every batch: a side busy sending keeps
 //! returning credit for what it receives.
@@ -246,7 +250,7 @@
 //! idle session end with one idle stream costs 3,718 to 3,850 bytes resident, its socket's
 //! registration with tokio and its driver task included, against Go gomux's 26,590
 //! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, three runs), and
-//! 2,412 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
+//! 2,948 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
 //! pipe). See [`Config`], "Memory bounds".
 //!
 //! With a Go peer, start from [`Config::go_peer`]: the defaults with the windows kept at 64 KiB

@@ -17,15 +17,20 @@
 //! Without `TCP_NOTSENT_LOWAT` (on platforms other than Linux and Android, where it is not set
 //! here), [`configure`] sets `TCP_NODELAY` only.
 //!
-//! What it changed in two runs of `cargo bench --features tcp --bench latency_under_load` (a
-//! 64-byte ping every 10 ms beside a bulk stream of the same session, through an emulated link
-//! with a 16 KiB queue, on a 2-core machine under a load average of 12 to 25, so single figures
-//! move a lot between runs): over 100 Mbit/s with 10 ms each way, gomux's ping p50 went from
-//! 149 and 136 ms to 65 and 70 ms, the bulk keeping 11.5 and 10.3 MiB/s of the link's 11.9;
-//! yamux's from 277 and 238 ms to 28 and 29 ms. Over 20 Mbit/s with 20 ms each way gomux's went
-//! from 190 ms to 242 ms in one run and from 315 ms to 158 ms in the other: what the kernel no
-//! longer holds then waits in the session's own write queue, in the same order, until a
-//! scheduler there lets the ping pass the bulk.
+//! What it changes, from one run of `cargo bench --features tcp --bench latency_under_load --
+//! --modes gomux,tcp,go --lowat off,16K` (a 64-byte ping every 10 ms beside a bulk stream of
+//! the same session, through an emulated link with a 16 KiB queue, on a 2-core machine that was
+//! building at the same time, so single figures move between runs), ping p50 / p99 in ms:
+//!
+//! | link | idle | gomux | gomux, `configure` | two TCP connections | two, with the option |
+//! |---|--:|--:|--:|--:|--:|
+//! | 100 Mbit/s, 10 ms each way | 22.3 / 26.2 | 62.5 / 84.5 | 26.3 / 31.4 | 23.3 / 33.3 | 23.5 / 28.2 |
+//! | 20 Mbit/s, 20 ms each way | 42.6 / 46.6 | 157.9 / 209.0 | 64.4 / 77.2 | 48.6 / 64.2 | 48.6 / 59.0 |
+//!
+//! The bulk stream kept the link's rate in every row (11.7–11.9 MiB/s and 2.38 MiB/s). The
+//! session's own scheduler lets the ping pass the bulk queued in the session; what is left is
+//! what the kernel holds (with the option, at most about 16 KiB unsent) and the batch the
+//! session's writer has in hand (about what the socket took at its last write).
 //!
 //! Over loopback it cost no throughput that the same machine could tell apart:
 //! `cargo run --release --features tcp --example speed -- --mode mux-tcp --no-verify --bytes 2G

@@ -475,6 +475,9 @@ impl SendQueues {
             self.takes = VecDeque::new();
         }
         self.levels.retain(|level| !level.round.is_empty());
+        if self.levels.is_empty() {
+            self.levels = Vec::new();
+        }
         if self.queues.len() == 0 {
             self.queues = Slab::new();
         }
