@@ -35,14 +35,21 @@ pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// that reads at all takes in far less; one that does not is cut after this.
 pub const DELIVERY_GRACE: Duration = Duration::from_secs(10);
 
-/// Session settings for both ends. Both are this program, so each may expect the other's
-/// keepalives: a connection silent for the idle timeout is dead (a peer that vanished without
-/// closing, a network that dropped it), and ending it lets the dialling end dial again instead
-/// of waiting for TCP to notice, which can take many minutes.
+/// How long the other end may be silent before its connection counts as dead, whatever it
+/// is: above the ten minutes a Go gomux end (a plain tunnel end built on it) stays silent while
+/// it is idle, as its session sends a keepalive only after ten minutes without writing.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(660);
+
+/// Session settings for both ends. A keepalive every 10 s, which each session announces in its
+/// greeting: a session of this crate whose peer announced one ends once it has heard nothing
+/// for twice that (20 s), so an end of this program that vanished without closing, or a
+/// network that dropped the connection, is noticed then, and the dialling end dials again
+/// instead of waiting for TCP to notice, which can take many minutes. A Go end does not greet:
+/// [`IDLE_TIMEOUT`] applies to it (`tests/silence.rs`).
 pub fn mux_config() -> Config {
     Config::default()
         .keepalive_interval(Some(Duration::from_secs(10)))
-        .idle_timeout(Some(Duration::from_secs(45)))
+        .idle_timeout(Some(IDLE_TIMEOUT))
 }
 
 /// Bounds on the handshakes in progress: the TLS handshake of every connection an end accepts

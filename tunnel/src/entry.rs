@@ -16,6 +16,7 @@ use crate::config::mux_config;
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
 use crate::relay::{accept, carry};
+use crate::socks_watch::Watched;
 
 /// How the entry keeps its connections to the exit, and how long clients wait for one.
 #[derive(Debug, Clone)]
@@ -371,8 +372,9 @@ async fn serve_client(client: TcpStream, exits: Exits, wait: Duration, shutdown:
     span.record("stream", stream.id());
     debug!("forwarding");
     // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
-    // by it at once: `carry` then closes the client too.
-    carry(client, stream, &end).await;
+    // by it at once: `carry` then closes the client too. A SOCKS5 refusal by the exit is
+    // logged here, where the client's address is known (see `socks_watch`).
+    carry(Watched::new(client), stream, &end).await;
 }
 
 /// Opens a stream on the latest connection an exit dialled in on, waiting up to `wait` for

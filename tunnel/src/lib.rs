@@ -21,7 +21,8 @@
 //! - [`security`]: key pairs, fingerprints, and the pinned TLS verifiers;
 //! - [`config`]: the bounds the tunnel keeps, the allow-list, SOCKS5 credentials;
 //! - [`connect`]: dialling and accepting the connection between the ends, handshake first;
-//! - [`entry`] and [`exit`] (with [`socks`]): the two ends;
+//! - [`entry`] and [`exit`] (with [`socks`]): the two ends; the entry also watches the
+//!   SOCKS5 exchanges it carries, to log the exit's refusals with the client's address;
 //! - [`relay`]: copying bytes between TCP and a stream, and the plain relay baseline;
 //! - [`drain`]: the two-step shutdown a signal fires.
 //!
@@ -68,6 +69,7 @@ pub mod exit;
 pub mod relay;
 pub mod security;
 pub mod socks;
+mod socks_watch;
 
 pub use connect::{Meeting, Peer, Redial};
 pub use drain::{SessionEnd, Shutdown, ShutdownReport};

@@ -80,7 +80,10 @@ pub async fn run_relay(
 /// any more, but goes on writing what the stream still holds to it: when the other end
 /// drained and closed the connection, that is the end of a reply, which the client would
 /// otherwise lose without knowing. Within [`DELIVERY_GRACE`], unless `end.cut` comes first.
-pub async fn carry(tcp: TcpStream, stream: Stream, end: &SessionEnd) {
+pub async fn carry<T>(tcp: T, stream: Stream, end: &SessionEnd)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
     let stop = async {
         tokio::select! {
             () = async {

@@ -5,8 +5,9 @@
 //! The bad-input test drives everything a stranger may send at an exposed tunnel (a port
 //! scanner, garbage, a TLS client without the pinned key, a handshake that never finishes, a
 //! SOCKS5 request for a forbidden target, a wrong password) while a client's transfer runs
-//! through it, and checks that each is refused and logged once with its address, and that the
-//! transfer's bytes arrive intact.
+//! through it, and checks that each is refused and logged once with its address (a SOCKS5
+//! refusal by the entry too, with the SOCKS5 client's), and that the transfer's bytes arrive
+//! intact.
 
 mod common;
 
@@ -381,12 +382,24 @@ async fn bad_input_is_refused_logged_once_and_costs_a_running_transfer_nothing()
         assert!(closed_by_peer(&mut denied).await);
         exit.await_log(&["not allowed", &forbidden.to_string()], true)
             .await;
+        // The exit knows only the entry; the entry logs the refusal with the client's address.
+        let denied_addr = denied.local_addr().expect("address").to_string();
+        entry
+            .await_log(&["not allowed", &forbidden.to_string(), &denied_addr], true)
+            .await;
 
         // A wrong password.
         let (mut wrong, reply) = socks_connect(proxy, "ann", "open", echo).await;
         assert_eq!(reply, None, "authentication refused");
         assert!(closed_by_peer(&mut wrong).await);
         exit.await_log(&["wrong SOCKS5 user name or password"], true)
+            .await;
+        let wrong_addr = wrong.local_addr().expect("address").to_string();
+        entry
+            .await_log(
+                &["wrong SOCKS5 user name or password", &wrong_addr, "ann"],
+                true,
+            )
             .await;
 
         done.store(true, Ordering::SeqCst);
@@ -400,7 +413,10 @@ async fn bad_input_is_refused_logged_once_and_costs_a_running_transfer_nothing()
 
     // One authenticated connection all along: the entry never had to dial again.
     entry.await_log(&["connected to the exit"], true).await;
-    assert!(!entry.log().contains("WARN"), "entry log:\n{}", entry.log());
+    // Its only warnings are the two SOCKS5 refusals, once each.
+    let log = entry.log();
+    let warnings = log.lines().filter(|line| line.contains("WARN")).count();
+    assert_eq!(warnings, 2, "entry log:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

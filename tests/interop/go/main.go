@@ -5,7 +5,8 @@
 //	gomux-go-peer scenario NAME (-listen ADDR | -connect ADDR) [flags]
 //	gomux-go-peer bench    MODE (-listen ADDR | -connect ADDR) [flags]
 //	gomux-go-peer fault    MODE (-listen ADDR | -connect ADDR) [flags]
-//	gomux-go-peer tunnel   (entry | exit) -listen ADDR (-exit ADDR | -target ADDR)
+//	gomux-go-peer tunnel   exit (-listen ADDR | -entry ADDR) -target ADDR
+//	gomux-go-peer tunnel   entry -listen ADDR (-exit ADDR | -accept-exit ADDR)
 //
 // With -listen the program prints "listening HOST:PORT" on a line of its own once it listens,
 // accepts one connection and is the gomux server; with -connect it dials and is the gomux

@@ -3,8 +3,8 @@ package main
 // A TCP tunnel over one Go gomux session, the counterpart of examples/tunnel.rs for
 // scripts/redis-tunnel.sh to measure beside it:
 //
-//	gomux-go-peer tunnel exit  -listen ADDR -target ADDR
-//	gomux-go-peer tunnel entry -listen ADDR -exit ADDR
+//	gomux-go-peer tunnel exit  (-listen ADDR | -entry ADDR) -target ADDR
+//	gomux-go-peer tunnel entry -listen ADDR (-exit ADDR | -accept-exit ADDR)
 //
 // The exit accepts gomux connections from entries; for every stream opened on one it dials the
 // target and copies both ways. The entry dials the exit once, and every TCP client it accepts
@@ -12,6 +12,12 @@ package main
 // entry listening ADDR" once they listen, run until killed, and report a failed dial or copy
 // on stderr without stopping. Half-closes are carried through: the end of one direction
 // becomes a CloseWrite on the other side.
+//
+// Reversed, as the Rust tunnel's `exit --entry` and `entry --accept-exit`: the exit dials the
+// entry once (-entry, the gomux client; it prints "tunnel exit connected ADDR"), and the entry
+// takes one exit's connection on -accept-exit (the gomux server; it prints "tunnel entry
+// accepting-exit ADDR" before its listening line) before it serves clients. The entry still
+// opens every stream, whichever end dialled.
 
 import (
 	"errors"
@@ -28,21 +34,29 @@ import (
 // tunnelMain runs one end of the tunnel.
 func tunnelMain(role string, args []string) error {
 	fs := flag.NewFlagSet("gomux-go-peer tunnel "+role, flag.ContinueOnError)
-	var listen, target, exit string
+	var listen, target, exit, entry, acceptExit string
 	fs.StringVar(&listen, "listen", "", "where to listen")
 	switch role {
 	case "exit":
 		fs.StringVar(&target, "target", "", "where to forward every stream (exit)")
+		fs.StringVar(&entry, "entry", "", "dial the entry instead of listening (exit)")
 	case "entry":
 		fs.StringVar(&exit, "exit", "", "the tunnel's exit (entry)")
+		fs.StringVar(&acceptExit, "accept-exit", "", "let the exit dial in here instead (entry)")
 	default:
 		return fmt.Errorf("unknown tunnel role %q (entry or exit)", role)
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if role == "exit" && target != "" && entry != "" && listen == "" {
+		return reverseExit(entry, target)
+	}
+	if role == "entry" && listen != "" && acceptExit != "" && exit == "" {
+		return reverseEntry(listen, acceptExit)
+	}
 	if listen == "" || (role == "exit" && target == "") || (role == "entry" && exit == "") {
-		return errors.New("give -listen and -target (exit) or -exit (entry)")
+		return errors.New("give -listen or -entry, and -target (exit); -listen, and -exit or -accept-exit (entry)")
 	}
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -66,6 +80,49 @@ func tunnelMain(role string, args []string) error {
 	return tunnelEntry(l, m)
 }
 
+// reverseExit dials the entry once and serves the streams it opens.
+func reverseExit(entry, target string) error {
+	c, err := net.Dial("tcp", entry)
+	if err != nil {
+		return err
+	}
+	noDelay(c)
+	m, err := gomux.Client(c)
+	if err != nil {
+		return err
+	}
+	fmt.Println("tunnel exit connected", c.RemoteAddr())
+	serveStreams(m, target)
+	return nil
+}
+
+// reverseEntry takes one exit's connection on acceptExit, then makes every client accepted
+// on listen a stream of it.
+func reverseEntry(listen, acceptExit string) error {
+	exits, err := net.Listen("tcp", acceptExit)
+	if err != nil {
+		return err
+	}
+	defer exits.Close()
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	fmt.Println("tunnel entry accepting-exit", exits.Addr())
+	fmt.Println("tunnel entry listening", l.Addr())
+	c, err := exits.Accept()
+	if err != nil {
+		return err
+	}
+	noDelay(c)
+	m, err := gomux.Server(c)
+	if err != nil {
+		return err
+	}
+	return tunnelEntry(l, m)
+}
+
 // tunnelExit serves every gomux connection accepted on l.
 func tunnelExit(l net.Listener, target string) error {
 	for {
@@ -78,23 +135,26 @@ func tunnelExit(l net.Listener, target string) error {
 		if err != nil {
 			return err
 		}
+		go serveStreams(m, target)
+	}
+}
+
+// serveStreams connects every stream opened on m to target, until m ends.
+func serveStreams(m *gomux.Mux, target string) {
+	for {
+		s, err := m.AcceptStream()
+		if err != nil {
+			return
+		}
 		go func() {
-			for {
-				s, err := m.AcceptStream()
-				if err != nil {
-					return
-				}
-				go func() {
-					t, err := net.Dial("tcp", target)
-					if err != nil {
-						fmt.Fprintln(os.Stderr, "tunnel exit: dialing the target:", err)
-						s.Close()
-						return
-					}
-					noDelay(t)
-					splice(s, t.(*net.TCPConn))
-				}()
+			t, err := net.Dial("tcp", target)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "tunnel exit: dialing the target:", err)
+				s.Close()
+				return
 			}
+			noDelay(t)
+			splice(s, t.(*net.TCPConn))
 		}()
 	}
 }
