@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::config::{AllowList, Credentials, Handshakes, Rule, DEFAULT_DRAIN, MAX_CONNECTIONS};
+use crate::config::{
+    AllowList, Credentials, Handshakes, Priorities, Rule, DEFAULT_DRAIN, MAX_CONNECTIONS,
+};
 use crate::connect::{Meeting, Peer};
 use crate::drain::{Shutdown, ShutdownReport};
 use crate::entry::{run_entry, EntryOptions};
@@ -24,7 +26,8 @@ usage: gomux-tunnel keygen --out DIR
        gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
                           SECURITY [--drain SECONDS]
        gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
-                         SECURITY [--allow NETWORK:PORTS]... [--drain SECONDS]
+                         SECURITY [--allow NETWORK:PORTS]... [--priority NETWORK:PORTS=N]...
+                         [--drain SECONDS]
        gomux-tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
 
 The entry accepts TCP clients and carries each one as a gomux stream over a single
@@ -49,6 +52,10 @@ exit   --listen ADDR       accept gomux connections from entries on ADDR
        --allow NETWORK:PORTS
                            connect only to targets in NETWORK on PORTS, as 10.0.0.0/8:22,80-90
                            or 127.0.0.1:* (repeatable; without any, every target is allowed)
+       --priority NETWORK:PORTS=N
+                           send the streams to targets in NETWORK on PORTS at priority N
+                           (default 0; higher goes first), so that, say, SSH replies do not
+                           wait behind downloads: 0.0.0.0/0:22=10 (repeatable; first match)
 SOCKS AUTH
        --socks-user USER --socks-password-file FILE
                            require this user name and the password in FILE (its first line)
@@ -118,6 +125,8 @@ pub enum Command {
         target: TargetArg,
         /// The targets allowed (`--allow`).
         allow: AllowList,
+        /// The streams' send priorities by target (`--priority`).
+        priorities: Priorities,
         /// `--socks-user` and `--socks-password-file`.
         socks_auth: Option<(String, PathBuf)>,
     },
@@ -165,7 +174,7 @@ pub enum SecurityArg {
 /// Options that take no value.
 const FLAGS: &[&str] = &["--socks", "--insecure"];
 /// Options that may be given more than once.
-const REPEATABLE: &[&str] = &["--allow"];
+const REPEATABLE: &[&str] = &["--allow", "--priority"];
 /// The options of both ends' security.
 const SECURITY: &[&str] = &[
     "--key",
@@ -204,6 +213,7 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                 "--socks",
                 "--drain",
                 "--allow",
+                "--priority",
                 "--socks-user",
                 "--socks-password-file",
             ][..],
@@ -240,6 +250,7 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                 "--key" | "--out" | "--socks-password-file" => "a path",
                 "--peer-fingerprint" => "a fingerprint",
                 "--allow" => "NETWORK:PORTS",
+                "--priority" => "NETWORK:PORTS=N",
                 "--socks-user" => "a user name",
                 _ => "an address",
             };
@@ -354,6 +365,10 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
             while let Some(rule) = take("--allow") {
                 allow.push(rule.parse::<Rule>()?);
             }
+            let mut priorities = Priorities::default();
+            while let Some(rule) = take("--priority") {
+                priorities.push_text(&rule)?;
+            }
             let target = match (take("--target"), take("--socks")) {
                 (Some(addr), None) => TargetArg::Fixed(addr),
                 (None, Some(_)) => TargetArg::Socks,
@@ -383,6 +398,7 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                 },
                 target,
                 allow,
+                priorities,
                 socks_auth,
             }
         }
@@ -485,6 +501,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             entry,
             target,
             allow,
+            priorities,
             socks_auth,
         } => {
             let meeting = security()?;
@@ -507,6 +524,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             };
             let options = ExitOptions {
                 allow,
+                priorities,
                 socks: SocksOptions {
                     credentials,
                     handshakes,

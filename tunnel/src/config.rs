@@ -187,6 +187,43 @@ impl FromStr for Rule {
     }
 }
 
+/// The send priority of the streams an exit carries, by target (`--priority`): the first rule
+/// whose network and ports hold the target gives it; any other target gets 0. A stream of
+/// higher priority sends first (`gomux::Stream::set_priority`), so the replies of interactive
+/// services (SSH, say: `--priority 0.0.0.0/0:22=10`) do not wait behind the downloads the same
+/// connection carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Priorities {
+    rules: Vec<(Rule, i32)>,
+}
+
+impl Priorities {
+    /// Adds a rule, as `--priority` reads it: `NETWORK:PORTS=N`.
+    ///
+    /// # Errors
+    ///
+    /// The text is not `NETWORK:PORTS=N` with NETWORK:PORTS as `--allow` takes it.
+    pub fn push_text(&mut self, text: &str) -> Result<(), String> {
+        let (rule, priority) = text
+            .rsplit_once('=')
+            .ok_or_else(|| format!("--priority {text:?}: NETWORK:PORTS=N, as 0.0.0.0/0:22=10"))?;
+        let priority = priority
+            .parse::<i32>()
+            .map_err(|_| format!("--priority {text:?}: the priority is a whole number"))?;
+        let rule = rule.parse::<Rule>()?;
+        self.rules.push((rule, priority));
+        Ok(())
+    }
+
+    /// The priority of a stream to `target`.
+    pub fn of(&self, target: SocketAddr) -> i32 {
+        self.rules
+            .iter()
+            .find(|(rule, _)| rule.allows(target))
+            .map_or(0, |&(_, priority)| priority)
+    }
+}
+
 /// The username and password a SOCKS5 client must give (RFC 1929), when the exit asks for them.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
@@ -225,6 +262,26 @@ impl std::fmt::Debug for Credentials {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn priorities_go_by_the_first_rule_that_holds_the_target() {
+        let mut priorities = super::Priorities::default();
+        priorities.push_text("10.0.0.0/8:22=10").expect("valid");
+        priorities.push_text("0.0.0.0/0:*=-5").expect("valid");
+        let at = |text: &str| priorities.of(text.parse().expect("an address"));
+        assert_eq!(at("10.1.2.3:22"), 10);
+        assert_eq!(at("10.1.2.3:80"), -5);
+        assert_eq!(
+            super::Priorities::default().of("10.1.2.3:22".parse().expect("addr")),
+            0
+        );
+        for bad in ["10.0.0.0/8:22", "10.0.0.0/8:22=x", "nowhere:22=1"] {
+            assert!(
+                super::Priorities::default().push_text(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
     use super::*;
 
     fn allow(rules: &[&str]) -> AllowList {

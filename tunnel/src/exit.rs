@@ -8,7 +8,7 @@ use gomux::{Error, Session, Stream};
 use tokio::sync::Semaphore;
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::config::{AllowList, Credentials, Handshakes, TARGET_CONNECT_TIMEOUT};
+use crate::config::{AllowList, Credentials, Handshakes, Priorities, TARGET_CONNECT_TIMEOUT};
 use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
 use crate::relay::{carry, connect};
@@ -23,6 +23,8 @@ pub struct ExitOptions {
     pub allow: AllowList,
     /// The SOCKS5 exit's settings (unused with a fixed target).
     pub socks: SocksOptions,
+    /// The send priority of each stream, by its target (`--priority`; by default, 0 for all).
+    pub priorities: Priorities,
 }
 
 /// How the SOCKS5 exit greets its clients.
@@ -39,6 +41,7 @@ pub struct SocksOptions {
 pub(crate) struct Serving {
     pub(crate) destination: Destination,
     pub(crate) allow: AllowList,
+    pub(crate) priorities: Priorities,
     pub(crate) credentials: Option<Credentials>,
     pub(crate) socks_timeout: std::time::Duration,
     /// One permit per SOCKS5 handshake in progress.
@@ -86,6 +89,7 @@ pub async fn run_exit(
     let serving = Arc::new(Serving {
         destination,
         allow: options.allow,
+        priorities: options.priorities,
         credentials: options.socks.credentials,
         socks_timeout: options.socks.handshakes.timeout,
         socks_handshakes: Arc::new(Semaphore::new(options.socks.handshakes.limit)),
@@ -187,6 +191,7 @@ async fn serve_streams(
         let forward = match serving.destination {
             Destination::Fixed(target) => {
                 let allowed = serving.allow.allows(target);
+                stream.set_priority(serving.priorities.of(target));
                 Box::pin(async move { forward(stream, end, target, allowed).await })
                     as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
             }

@@ -110,6 +110,9 @@ pub(crate) async fn forward_socks(
             return;
         }
     };
+    let priority = socket
+        .peer_addr()
+        .map_or(0, |target| serving.priorities.of(target));
     let stream = match socks.reply_success(bound).await {
         Ok(stream) => stream.into_inner(),
         Err(error) => {
@@ -117,6 +120,7 @@ pub(crate) async fn forward_socks(
             return;
         }
     };
+    stream.set_priority(priority);
     debug!(%requested, "forwarding");
     carry(socket, stream, &end).await;
 }

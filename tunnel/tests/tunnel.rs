@@ -30,7 +30,7 @@ use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
 use gomux_tunnel::cli::{parse_args, SecurityArg, TargetArg, Via};
-use gomux_tunnel::config::AllowList;
+use gomux_tunnel::config::{AllowList, Priorities};
 use gomux_tunnel::{
     carry, run_entry, run_exit, run_relay, Destination, EntryOptions, Peer, SessionEnd,
     ShutdownReport,
@@ -920,6 +920,7 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
             entry: Via::Accept(addr("127.0.0.1:7001")),
             target: TargetArg::Fixed(addr("127.0.0.1:6379")),
             allow: AllowList::default(),
+            priorities: Priorities::default(),
             socks_auth: None,
         })
     );
@@ -945,6 +946,7 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
             entry: Via::Dial(addr("relay.example:7001")),
             target: TargetArg::Socks,
             allow: AllowList::default(),
+            priorities: Priorities::default(),
             socks_auth: None,
         })
     );
@@ -1058,16 +1060,23 @@ fn the_command_line_reads_security_and_exposure() {
     // The allow-list (repeatable) and SOCKS5 credentials.
     let exit = parse(
         "exit --listen a --socks --insecure --allow 10.0.0.0/8:22,80-90 --allow 127.0.0.1:* \
-         --socks-user ann --socks-password-file /p",
+         --socks-user ann --socks-password-file /p --priority 0.0.0.0/0:22=10 \
+         --priority 10.0.0.0/8:*=-1",
     )
     .expect("parses")
     .command;
     let gomux_tunnel::cli::Command::Exit {
-        allow, socks_auth, ..
+        allow,
+        socks_auth,
+        priorities,
+        ..
     } = exit
     else {
         panic!("an exit: {exit:?}");
     };
+    assert_eq!(priorities.of("10.9.9.9:22".parse().expect("address")), 10);
+    assert_eq!(priorities.of("10.9.9.9:80".parse().expect("address")), -1);
+    assert_eq!(priorities.of("192.0.2.1:80".parse().expect("address")), 0);
     assert!(allow.allows("10.9.9.9:85".parse().expect("address")));
     assert!(allow.allows("127.0.0.1:1".parse().expect("address")));
     assert!(!allow.allows("10.9.9.9:91".parse().expect("address")));
@@ -1094,6 +1103,10 @@ fn the_command_line_reads_security_and_exposure() {
         (
             "exit --listen a --target b --insecure --allow 10.0.0.0/8",
             "no ports",
+        ),
+        (
+            "exit --listen a --target b --insecure --priority 10.0.0.0/8:22",
+            "NETWORK:PORTS=N",
         ),
         (
             "exit --listen a --target b --insecure --socks-user u --socks-password-file f",
