@@ -82,25 +82,33 @@ impl Core {
     /// The driver takes a batch and the transport takes all of it: the headers, in the order
     /// written (payloads skipped).
     fn sent(&mut self) -> Vec<Header> {
+        let (control, data) = self.take_all(usize::MAX);
+        let mut bytes = control;
+        bytes.extend_from_slice(&data);
+        headers(&bytes)
+    }
+
+    /// The driver takes a batch of at most `budget` bytes of data, and the transport takes all
+    /// of it: its control part and its data part.
+    fn take_all(&mut self, budget: usize) -> (Vec<u8>, Vec<u8>) {
         let (mut control, mut data) = (Vec::new(), OutQueue::new());
         let mut wakers = Vec::new();
         let batch = self.inner.take_batch(
             self.now,
-            usize::MAX,
+            budget,
             &mut control,
             &mut data,
             &mut Default::default(),
             &mut wakers,
         );
-        let mut bytes = control.clone();
-        bytes.extend_from_slice(&data.to_vec());
+        let data = data.to_vec();
         self.inner.written(
             batch.data_start + data.len() as u64,
             batch.control_end,
-            bytes.len() as u64,
+            (control.len() + data.len()) as u64,
             &mut wakers,
         );
-        headers(&bytes)
+        (control, data)
     }
 
     fn credit_sent(&mut self) -> u32 {
@@ -746,24 +754,8 @@ fn a_burst_grows_the_window_only_if_a_read_leaves_at_most_a_quarter_of_it() {
 /// The driver takes a batch of at most `budget` bytes of data and the transport takes it all:
 /// the Data frames in it, as (stream id, payload length).
 fn data_frames(core: &mut Core, budget: usize) -> Vec<(u32, u32)> {
-    let (mut control, mut data) = (Vec::new(), OutQueue::new());
-    let mut wakers = Vec::new();
-    let batch = core.inner.take_batch(
-        core.now,
-        budget,
-        &mut control,
-        &mut data,
-        &mut Default::default(),
-        &mut wakers,
-    );
-    let bytes = data.to_vec();
-    core.inner.written(
-        batch.data_start + bytes.len() as u64,
-        batch.control_end,
-        (control.len() + bytes.len()) as u64,
-        &mut wakers,
-    );
-    headers(&bytes)
+    let (_, data) = core.take_all(budget);
+    headers(&data)
         .into_iter()
         .filter(|h| h.kind == Kind::Data)
         .map(|h| (h.id, h.length))
