@@ -414,11 +414,7 @@ impl SendQueues {
                     });
                 } else {
                     if let Some(turn) = level.round.front_mut() {
-                        turn.left = if alone {
-                            QUANTUM
-                        } else {
-                            left - spent.min(left)
-                        };
+                        turn.left = if alone { 0 } else { left - spent.min(left) };
                     }
                     break 'levels;
                 }

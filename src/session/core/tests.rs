@@ -788,8 +788,9 @@ fn write(core: &mut Core, key: usize, bytes: usize) {
     }
 }
 
-/// A message queued behind another stream's bulk goes out in the next batch, after at most one
-/// turn of the bulk: it does not wait for everything queued before it.
+/// A message queued behind another stream's bulk goes out in the next batch, ahead of more of
+/// the bulk: the bulk stream had the last batch to itself, and that was its turn. In a batch
+/// where both have data, the message waits for one turn of the bulk at most.
 #[test]
 fn a_small_message_waits_for_one_turn_of_bulk_at_most() {
     let (mut core, streams) = streams_with_credit(2);
@@ -800,6 +801,10 @@ fn a_small_message_waits_for_one_turn_of_bulk_at_most() {
         data_frames(&mut core, 4 * (65_536 + 8)),
         vec![(bulk_id, 65_536); 4]
     );
+    write(&mut core, ping, 64);
+    let next = data_frames(&mut core, 256 * 1024);
+    assert_eq!(next.first(), Some(&(ping_id, 64)), "{next:?}");
+    // Both have data: the message of the next round waits for one turn of the bulk at most.
     write(&mut core, ping, 64);
     let next = data_frames(&mut core, 256 * 1024);
     let ping_at = next.iter().position(|&(id, _)| id == ping_id);
