@@ -113,6 +113,59 @@ impl SendQueue {
         }
     }
 
+    /// Moves the whole frames at the front of the queue that fit in `allow` bytes into an empty
+    /// `out` without copying them, when they are most of what it holds: its buffer goes to
+    /// `out` (which gives its own, empty, in exchange), and what does not fit is copied back.
+    /// So a stream sending bulk alone costs no copy beyond the one into its queue. Calls
+    /// `boundary` with the position of each frame start; returns what it took, or `None` when
+    /// the frames are to be taken one by one.
+    fn take_whole(
+        &mut self,
+        allow: usize,
+        out: &mut OutQueue,
+        position: u64,
+        boundary: &mut impl FnMut(u64),
+    ) -> Option<(Took, u64)> {
+        if self.head != 0 || self.partial != 0 || !self.spliced.is_empty() || out.len() != 0 {
+            return None;
+        }
+        let (mut end, mut frames) = (0, 0);
+        while let Some(raw) = self.bytes.get(end..end + HEADER_LEN) {
+            let header = Header::from_bytes(raw.try_into().ok()?).ok()?;
+            let size = HEADER_LEN
+                + match header.kind {
+                    Kind::Data => header.length as usize,
+                    _ => 0,
+                };
+            if end + size > allow || end + size > self.bytes.len() {
+                break;
+            }
+            boundary(position + end as u64);
+            end += size;
+            frames += 1;
+        }
+        if end < self.bytes.len() / 2 || end < MIN_CUT {
+            return None;
+        }
+        let capacity = self.bytes.capacity();
+        if !out.adopt(&mut self.bytes) {
+            return None;
+        }
+        // The two buffers take turns: both grow to the working size at once, so that neither
+        // grows later, one frame at a time.
+        self.bytes.reserve(capacity);
+        // `bytes` is now the batch's old buffer, empty: what did not fit goes back into it.
+        out.move_tail(end, &mut self.bytes);
+        self.taken += end as u64;
+        Some((
+            Took {
+                wire: end,
+                used: end,
+            },
+            frames,
+        ))
+    }
+
     /// Moves the next frame into `out` if it fits in `allow` bytes; if it does not and `cut`
     /// is set, a Data frame's first part that fits (at least [`MIN_CUT`] of payload).
     /// Returns the frame's size in `out` and the queued bytes it used.
@@ -377,7 +430,13 @@ impl SendQueues {
                 let budget_before = budget;
                 let allow = if alone { budget } else { left.min(budget) };
                 let mut spent = 0;
-                while !queue.is_empty() {
+                if let Some((took, whole)) = queue.take_whole(allow, out, position, &mut boundary) {
+                    spent += took.wire;
+                    position += took.wire as u64;
+                    self.queued = self.queued.saturating_sub(took.used);
+                    frames += whole;
+                }
+                while !queue.is_empty() && spent < allow {
                     boundary(position);
                     match queue.take_frame(allow - spent.min(allow), spent == 0, out) {
                         None => break,
