@@ -53,7 +53,6 @@ impl OutQueue {
         self.bytes.len() + self.spliced_len
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }

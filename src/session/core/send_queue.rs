@@ -126,7 +126,7 @@ impl SendQueue {
         position: u64,
         boundary: &mut impl FnMut(u64),
     ) -> Option<(Took, u64)> {
-        if self.head != 0 || self.partial != 0 || !self.spliced.is_empty() || out.len() != 0 {
+        if self.head != 0 || self.partial != 0 || !self.spliced.is_empty() || !out.is_empty() {
             return None;
         }
         let (mut end, mut frames) = (0, 0);
