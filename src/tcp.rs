@@ -17,17 +17,17 @@
 //! Without `TCP_NOTSENT_LOWAT` (on platforms other than Linux and Android, where it is not set
 //! here), [`configure`] sets `TCP_NODELAY` only.
 //!
-//! What it changes, from one run of `cargo bench --features tcp --bench latency_under_load --
-//! --modes gomux,tcp,go --lowat off,16K` (a 64-byte ping every 10 ms beside a bulk stream of
-//! the same session, through an emulated link with a 16 KiB queue, on a 2-core machine that was
-//! building at the same time, so single figures move between runs), ping p50 / p99 in ms:
+//! What it changes, from the run of `scripts/benchmarks.sh --rounds 2` in BENCHMARKS.md
+//! (`cargo bench --features tcp --bench latency_under_load`: a 64-byte ping every 10 ms beside a
+//! bulk stream of the same session, through an emulated link with a 16 KiB queue, on a 2-core
+//! machine), ping p50 / p99 in ms:
 //!
 //! | link | idle | gomux | gomux, `configure` | two TCP connections | two, with the option |
 //! |---|--:|--:|--:|--:|--:|
-//! | 100 Mbit/s, 10 ms each way | 22.3 / 26.2 | 62.5 / 84.5 | 26.3 / 31.4 | 23.3 / 33.3 | 23.5 / 28.2 |
-//! | 20 Mbit/s, 20 ms each way | 42.6 / 46.6 | 157.9 / 209.0 | 64.4 / 77.2 | 48.6 / 64.2 | 48.6 / 59.0 |
+//! | 100 Mbit/s, 10 ms each way | 22.4 / 23.9 | 62.6 / 83.4 | 25.5 / 28.5 | 23.5 / 25.2 | 23.7 / 25.3 |
+//! | 20 Mbit/s, 20 ms each way | 42.6 / 43.5 | 157.4 / 209.9 | 59.7 / 69.3 | 48.6 / 65.4 | 48.6 / 56.6 |
 //!
-//! The bulk stream kept the link's rate in every row (11.7–11.9 MiB/s and 2.38 MiB/s). The
+//! The bulk stream kept the link's rate in every row (11.91 MiB/s and 2.37–2.38 MiB/s). The
 //! session's own scheduler lets the ping pass the bulk queued in the session; what is left is
 //! what the kernel holds (with the option, at most about 16 KiB unsent) and the batch the
 //! session's writer has in hand (about what the socket took at its last write).
