@@ -106,7 +106,7 @@
 //! on both ends of a TCP transport, as HTTP/2 and QUIC stacks do.
 //!
 //! Each stream's frames wait in a queue of its own, and the driver builds each transport write
-//! by taking turns between the streams with something to send (16 KiB per turn, higher
+//! by taking turns between the streams with something to send (32 KiB per turn, higher
 //! [priorities](Stream::set_priority) first), so a small frame waits for a turn of each busy
 //! stream and for the batch being written, never behind what other streams queued before it.
 //! A batch's size follows what the transport takes, so over a slow link set up with
