@@ -247,6 +247,28 @@ def geometric_mean(values):
 # The document.
 
 
+def bench_table(run, key, header, align, text, row, remarked):
+    """A bench's own table: `row(cells)` turns each line that is not a comment into a row (or
+    None), comments for which `remarked(line)` holds become remarks, and a failed bench says so."""
+    rows, remarks = [], []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            if remarked(line):
+                remarks.append(line.lstrip("# "))
+            continue
+        cells = row(line.split())
+        if cells is not None:
+            rows.append(cells)
+    out(table(header, rows, align), "")
+    failed = run.file(f"{key}.failed")
+    if failed is not None:
+        remarks.append("the bench failed: " + " ".join(failed.split()))
+    for remark in remarks:
+        out(f"- {remark}")
+    if remarks:
+        out("")
+
+
 def loaded_section(run):
     """Latency under load over the emulated link: the bench's rows, as it printed them."""
     text = run.file("loaded.txt")
@@ -262,24 +284,10 @@ def loaded_section(run):
          "the receiver saw in MiB/s:"],
         ["loaded"],
     )
-    rows, remarks = [], []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            if "skipped" in line or "failed" in line:
-                remarks.append(line.lstrip("# "))
-            continue
-        cells = line.split()
-        if len(cells) == 7:
-            rows.append(cells)
-    out(table(["link", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"], rows,
-              ["---", "---", "--:", "--:", "--:", "--:", "--:"]), "")
-    failed = run.file("loaded.failed")
-    if failed is not None:
-        remarks.append("the bench failed: " + " ".join(failed.split()))
-    for remark in remarks:
-        out(f"- {remark}")
-    if remarks:
-        out("")
+    bench_table(run, "loaded", ["link", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"],
+                ["---", "---", "--:", "--:", "--:", "--:", "--:"], text,
+                lambda cells: cells if len(cells) == 7 else None,
+                lambda line: "skipped" in line or "failed" in line)
 
 
 def shares_section(run):
@@ -295,26 +303,12 @@ def shares_section(run):
          "in MiB/s over the window, the largest and smallest over their mean, and the total:"],
         ["shares"],
     )
-    rows, remarks = [], []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            if "failed" in line or "priority-10" in line:
-                remarks.append(line.lstrip("# "))
-            continue
-        cells = line.split()
-        if len(cells) >= 6:
-            link, test = cells[0], cells[1]
-            rates = " ".join(cells[2:-3])
-            rows.append([link, test, rates] + cells[-3:])
-    out(table(["link", "streams", "rates MiB/s", "max/mean", "min/mean", "total MiB/s"], rows,
-              ["---", "---", "---", "--:", "--:", "--:"]), "")
-    failed = run.file("shares.failed")
-    if failed is not None:
-        remarks.append("the bench failed: " + " ".join(failed.split()))
-    for remark in remarks:
-        out(f"- {remark}")
-    if remarks:
-        out("")
+    bench_table(run, "shares",
+                ["link", "streams", "rates MiB/s", "max/mean", "min/mean", "total MiB/s"],
+                ["---", "---", "---", "--:", "--:", "--:"], text,
+                lambda cells: ([cells[0], cells[1], " ".join(cells[2:-3])] + cells[-3:]
+                               if len(cells) >= 6 else None),
+                lambda line: "failed" in line or "priority-10" in line)
 
 
 def main():

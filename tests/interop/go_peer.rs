@@ -22,8 +22,14 @@ use std::time::{Duration, Instant};
 /// The environment variable that turns a skip into a failure.
 pub const REQUIRE_ENV: &str = "GOMUX_REQUIRE_GO";
 
+/// The repository's root: the including crate's directory, or its parent for a crate of the
+/// workspace (the tunnel's tests use this module too).
 fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match dir.parent() {
+        Some(parent) if !dir.join("tests/interop/go").is_dir() => parent,
+        _ => dir,
+    }
 }
 
 /// Whether the caller must fail rather than skip when the Go peer cannot be built.

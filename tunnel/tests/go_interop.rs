@@ -16,11 +16,13 @@
 //! `GOMUX_REQUIRE_TOOLS=1` (or `GOMUX_REQUIRE_GO=1`) is set: then they fail.
 
 mod common;
+#[path = "../../tests/interop/go_peer.rs"]
+mod go_peer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -53,12 +55,11 @@ fn required() -> bool {
         || std::env::var("GOMUX_REQUIRE_GO").is_ok_and(|value| !value.is_empty() && value != "0")
 }
 
-/// The Go peer, built once per test binary; `None` (with a visible line) when it cannot be
+/// The Go peer (`tests/interop/go`, built by the interop suite's `go_peer::build`); `None` (with a visible line) when it cannot be
 /// built and the tests may skip, a failure when they may not.
-fn go_peer() -> Option<PathBuf> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match BUILT.get_or_init(build_go_peer) {
-        Ok(binary) => Some(binary.clone()),
+fn go_peer_binary() -> Option<PathBuf> {
+    match go_peer::build() {
+        Ok(binary) => Some(binary),
         Err(why) if required() => panic!("the Go peer cannot be built: {why}"),
         Err(why) => {
             eprintln!(
@@ -68,64 +69,6 @@ fn go_peer() -> Option<PathBuf> {
             None
         }
     }
-}
-
-/// The `go` command: on the PATH, or where the official installer puts it.
-fn go_command() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("go"))
-            .find(|candidate| candidate.is_file())
-    });
-    on_path.or_else(|| {
-        let fallback = PathBuf::from("/usr/local/go/bin/go");
-        fallback.is_file().then_some(fallback)
-    })
-}
-
-/// Builds `tests/interop/go` with nothing downloaded (its `go.mod` points at the Go gomux
-/// source beside the clone), into this test binary's scratch directory.
-fn build_go_peer() -> Result<PathBuf, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let source = root.join("tests/interop/go");
-    let gomux_go = root.join("../shared/gomux-go");
-    if !gomux_go.join("mux.go").is_file() {
-        return Err(format!(
-            "the Go gomux source is not beside the clone (looked for {})",
-            gomux_go.display()
-        ));
-    }
-    let go = go_command().ok_or("no `go` command on the PATH or in /usr/local/go/bin")?;
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-interop");
-    std::fs::create_dir_all(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
-    let binary = out_dir.join("gomux-go-peer");
-    // Built under another name and renamed, so that a run that starts meanwhile never sees a
-    // half-written binary.
-    let partial = out_dir.join(format!("gomux-go-peer.{}", std::process::id()));
-    let mut command = std::process::Command::new(&go);
-    if std::env::var_os("GOCACHE").is_none() && std::env::var_os("HOME").is_none() {
-        // Go needs a build cache and finds none without a home directory.
-        command.env("GOCACHE", out_dir.join("cache"));
-    }
-    let output = command
-        .current_dir(&source)
-        .args(["build", "-o"])
-        .arg(&partial)
-        .arg(".")
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOPROXY", "off")
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .map_err(|e| format!("running {}: {e}", go.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "`go build` in {} failed: {}",
-            source.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    std::fs::rename(&partial, &binary).map_err(|e| format!("renaming the Go peer: {e}"))?;
-    Ok(binary)
 }
 
 /// One end of a tunnel running as a process, killed when dropped, its standard error kept.
@@ -351,7 +294,7 @@ async fn exercise(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_entry_with_go_exit() {
-    let Some(go) = go_peer() else { return };
+    let Some(go) = go_peer_binary() else { return };
     let (echo, mut reports) = echo_server().await;
     let target = echo.to_string();
     let exit = End::start(
@@ -390,7 +333,7 @@ async fn rust_entry_with_go_exit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_entry_with_rust_exit() {
-    let Some(go) = go_peer() else { return };
+    let Some(go) = go_peer_binary() else { return };
     let (echo, mut reports) = echo_server().await;
     let target = echo.to_string();
     let exit = End::start(
@@ -429,7 +372,7 @@ async fn go_entry_with_rust_exit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_exit_dials_rust_entry() {
-    let Some(go) = go_peer() else { return };
+    let Some(go) = go_peer_binary() else { return };
     let (echo, mut reports) = echo_server().await;
     let target = echo.to_string();
     let entry = End::start(
@@ -460,7 +403,7 @@ async fn go_exit_dials_rust_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_exit_dials_go_entry() {
-    let Some(go) = go_peer() else { return };
+    let Some(go) = go_peer_binary() else { return };
     let (echo, mut reports) = echo_server().await;
     let target = echo.to_string();
     let entry = End::start(
