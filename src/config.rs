@@ -71,7 +71,7 @@ impl Role {
 ///   (`cargo bench --bench idle_sessions`).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
-///   plus 24 bytes per stream for its opens and closes; the batch being written holds at most
+///   plus at most 40 bytes per stream (its OpenStream, window announcement and three closes); the batch being written holds at most
 ///   as much again (its size follows what the transport takes, from 8 KiB up); emptied queues
 ///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
 ///   goes quiet. The control queue (credit, refusals, keepalives)
