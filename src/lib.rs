@@ -247,11 +247,12 @@
 //!
 //! A session that has read and written nothing for a second gives back its read
 //! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state: an
-//! idle session end with one idle stream costs 3,718 to 3,850 bytes resident, its socket's
-//! registration with tokio and its driver task included, against Go gomux's 26,590
+//! idle session end with one idle stream costs 4,344 to 4,610 bytes resident, its socket's
+//! registration with tokio and its driver task included, against Go gomux's 26,594 to 26,616
 //! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, three runs), and
-//! 2,948 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
-//! pipe). See [`Config`], "Memory bounds".
+//! 2,588 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
+//! pipe). The resident figure is above the heap's because the allocator cannot give back the
+//! pages that a session's small, long-lived allocations share with freed ones. See [`Config`], "Memory bounds".
 //!
 //! With a Go peer, start from [`Config::go_peer`]: the defaults with the windows kept at 64 KiB
 //! (see the next section).

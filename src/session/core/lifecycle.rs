@@ -112,8 +112,10 @@ impl Inner {
         self.life.idle_waiters.wake_all(wakers);
         self.life.drain_waiters.wake_all(wakers);
         // The lists stay until their futures go: each gives its slot back when dropped.
-        for list in self.stop_waiters.values_mut() {
-            list.wake_all(wakers);
+        if let Some(rare) = &mut self.rare {
+            for list in rare.stop_waiters.values_mut() {
+                list.wake_all(wakers);
+            }
         }
         wakers.extend(self.driver_waker.take());
     }

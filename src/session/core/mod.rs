@@ -44,7 +44,7 @@ pub(crate) use self::outgoing::Batch;
 use self::outgoing::{Control, Outgoing};
 use self::peer::Peer;
 pub(crate) use self::peer::PeerKind;
-use self::recv_buf::{PinLedger, TAIL_POOL};
+use self::recv_buf::PinLedger;
 use self::slab::Slab;
 use self::stream_state::StreamState;
 pub(crate) use self::wait_list::WaitList;
@@ -110,6 +110,23 @@ struct Counters {
     refused_by_peer: u64,
 }
 
+/// The parts of a session's state that few sessions use, boxed and made on first use, so that
+/// the others do not carry them: an idle session's size is what a server holding thousands
+/// pays for each (`tests/idle_memory.rs`, `benches/idle_sessions.rs`). Kept once made.
+#[derive(Default)]
+struct Rare {
+    /// The tasks waiting in `stopped()` on a stream, by stream key, each in a slot of its own
+    /// (any number of tasks may wait, and all are woken): few streams have one, so the list
+    /// is kept here rather than in every stream's state. A list goes when its last future
+    /// does.
+    stop_waiters: IdMap<usize, WaitList>,
+    /// The send priority of every stream whose priority is not 0, by stream key (see
+    /// `Stream::set_priority`): few streams have one, so every other stream pays nothing for it.
+    priorities: IdMap<usize, i32>,
+    /// The writes that waited for credit or room, and how long, for `Session::stats`.
+    write_waits: WriteWaits,
+}
+
 pub(crate) struct Inner {
     /// The session's number in log lines.
     pub(crate) id: u64,
@@ -128,14 +145,8 @@ pub(crate) struct Inner {
     /// Inbound streams waiting for `accept`, and the tasks waiting there.
     accept_queue: VecDeque<usize>,
     accept_waiters: WaitList,
-    /// The tasks waiting in `stopped()` on a stream, by stream key, each in a slot of its own
-    /// (any number of tasks may wait, and all are woken): few streams have one, so the list
-    /// is kept here rather than in every stream's state. A list goes when its last future
-    /// does.
-    stop_waiters: IdMap<usize, WaitList>,
-    /// The send priority of every stream whose priority is not 0, by stream key (see
-    /// `Stream::set_priority`): few streams have one, so every other stream pays nothing for it.
-    priorities: IdMap<usize, i32>,
+    /// What few sessions use: made on first use (see [`Rare`]).
+    rare: Option<Box<Rare>>,
     out: Outgoing,
     life: Lifecycle,
     /// What the peer is, its unacknowledged streams, and the opens waiting for them.
@@ -153,9 +164,7 @@ pub(crate) struct Inner {
     /// Counters for `Session::stats` (the figures it computes are not kept here); `buffered` is
     /// also what the pinned-memory bound and the memory tests read.
     stats: Counters,
-    /// The writes waiting for credit or room, and how long they waited, for `Session::stats`.
-    write_waits: WriteWaits,
-    /// Drained stream buffers for reuse, at most [`TAIL_POOL`].
+    /// Drained stream buffers for reuse, at most [`TAIL_POOL`](recv_buf::TAIL_POOL).
     tail_pool: Vec<BytesMut>,
     /// The read buffers that buffered data keeps alive.
     pins: PinLedger,
@@ -174,8 +183,7 @@ impl Inner {
             next_id: role.first_id(),
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
-            stop_waiters: IdMap::default(),
-            priorities: IdMap::default(),
+            rare: None,
             out: Outgoing::new(config.write_buffer_size),
             life: Lifecycle::new(),
             peer: Peer::new(now),
@@ -184,11 +192,11 @@ impl Inner {
             clock: now,
             min_rtt: None,
             stats: Counters::default(),
-            write_waits: WriteWaits::default(),
-            // Its full size at once: 2 KiB, and no allocation when it fills. Given back with
-            // the buffers when the session goes quiet (`release_buffers`), and made again when
-            // a stream next gives its buffer back.
-            tail_pool: Vec::with_capacity(TAIL_POOL),
+            // Made at its full size (2 KiB, so that it never grows) when a stream first
+            // receives a second short payload (`RecvBuffer::copy_to_tail`): a session whose
+            // streams moved one message never has it. Given back with the buffers when the
+            // session goes quiet (`release_buffers`).
+            tail_pool: Vec::new(),
             pins: PinLedger::default(),
             window_budget: config.receive_window_budget,
             config,
@@ -249,13 +257,18 @@ impl Inner {
 
     /// A snapshot of the counters.
     pub(crate) fn stats(&self) -> Stats {
-        let (credit_wait_time, room_wait_time) = self.write_waits.times();
+        let no_waits = WriteWaits::default();
+        let waits = self
+            .rare
+            .as_ref()
+            .map_or(&no_waits, |rare| &rare.write_waits);
+        let (credit_wait_time, room_wait_time) = waits.times();
         Stats {
             live_streams: self.streams.len(),
             bytes_sent: self.out.bytes_written(),
-            credit_waits: self.write_waits.credit_waits,
+            credit_waits: waits.credit_waits,
             credit_wait_time,
-            room_waits: self.write_waits.room_waits,
+            room_waits: waits.room_waits,
             room_wait_time,
             queued: self.out.queued_bytes(),
             min_rtt: self.min_rtt.map(std::time::Duration::from_micros),
@@ -278,7 +291,11 @@ impl Inner {
         let Some(stream) = self.streams.get(key) else {
             return crate::stats::StreamStats::default();
         };
-        let waits = self.write_waits.of_stream(key);
+        let waits = self
+            .rare
+            .as_ref()
+            .map(|rare| rare.write_waits.of_stream(key))
+            .unwrap_or_default();
         let queued = self.out.stream_queued(stream.send_queue);
         crate::stats::StreamStats {
             credit_waits: waits.credit_waits,
@@ -298,6 +315,11 @@ impl Inner {
     #[cfg(test)]
     pub(crate) fn pinned(&self) -> usize {
         self.pins.pinned()
+    }
+
+    /// The rarely used parts, made now if they were not.
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
     }
 
     /// Counts `n` bytes newly buffered (positive) or taken from the buffers (negative).

@@ -285,10 +285,13 @@ impl Inner {
             return;
         };
         stream.queued.set(Queued::PRIORITY, priority != 0);
-        if priority == 0 {
-            self.priorities.remove(&key);
-        } else {
-            self.priorities.insert(key, priority);
+        if priority != 0 {
+            self.rare
+                .get_or_insert_with(Box::default)
+                .priorities
+                .insert(key, priority);
+        } else if let Some(rare) = &mut self.rare {
+            rare.priorities.remove(&key);
         }
         if stream.send_queue != NO_QUEUE {
             let queue = stream.send_queue as usize;
@@ -301,7 +304,7 @@ impl Inner {
         self.streams
             .get(key)
             .filter(|s| s.queued.has(Queued::PRIORITY))
-            .and_then(|_| self.priorities.get(&key).copied())
+            .and_then(|_| self.rare.as_ref()?.priorities.get(&key).copied())
             .unwrap_or(0)
     }
 

@@ -255,7 +255,11 @@ impl Inner {
             // Every waiter, not only the last to poll: the futures give their slots back
             // when they go. (One waker per stream once left all but one task waiting:
             // `tests/close_core.rs`, `stopped_wakes_every_task_waiting_on_it`.)
-            if let Some(list) = self.stop_waiters.get_mut(&key) {
+            if let Some(list) = self
+                .rare
+                .as_mut()
+                .and_then(|rare| rare.stop_waiters.get_mut(&key))
+            {
                 list.wake_all(wakers);
             }
         }
@@ -448,7 +452,8 @@ impl Inner {
             return Poll::Ready(Err(error));
         }
         stream.queued.set(Queued::STOP, true);
-        self.stop_waiters
+        self.rare()
+            .stop_waiters
             .entry(key)
             .or_insert_with(WaitList::new)
             .register(slot, waker);
@@ -458,13 +463,17 @@ impl Inner {
     /// A `stopped()` future on the stream is gone: its slot is given back, and the stream's
     /// list once it is empty.
     pub(crate) fn stop_waiter_gone(&mut self, key: usize, slot: &mut Option<usize>) {
-        let Some(list) = self.stop_waiters.get_mut(&key) else {
+        let Some(rare) = self.rare.as_mut() else {
+            *slot = None;
+            return;
+        };
+        let Some(list) = rare.stop_waiters.get_mut(&key) else {
             *slot = None;
             return;
         };
         list.remove(slot);
         if list.is_empty() {
-            self.stop_waiters.remove(&key);
+            rare.stop_waiters.remove(&key);
             if let Some(stream) = self.streams.get_mut(key) {
                 stream.queued.set(Queued::STOP, false);
             }

@@ -176,6 +176,12 @@ impl RecvBuffer {
             // touch a fresh page each (page faults were a fifth of the 8192-stream echo's
             // profile), and a stream that keeps receiving still appends many to one buffer.
             let room = if self.copied_before {
+                if pool.capacity() == 0 {
+                    // The session's pool, made at its full size when a stream first keeps
+                    // receiving (not for one short message, nor when the session starts: an
+                    // idle session holds none), so that it never grows while traffic lasts.
+                    pool.reserve_exact(TAIL_POOL);
+                }
                 payload.len().max(TAIL_MIN)
             } else {
                 payload.len()

@@ -129,7 +129,10 @@ impl Inner {
         // together stay within the queue's size.
         let granted = self.room_granted(key).saturating_sub(HEADER_LEN);
         let room = granted > 0 || self.data_has_room();
-        let waited = self.write_waits.take(key);
+        let waited = self
+            .rare
+            .as_mut()
+            .and_then(|rare| rare.write_waits.take(key));
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
@@ -144,7 +147,9 @@ impl Inner {
         }
         if stream.send_credit == 0 {
             stream.wait_to_write(WriteWait::Credit, waker);
-            self.write_waits.blocked(key, Blocked::Credit, waited);
+            self.rare()
+                .write_waits
+                .blocked(key, Blocked::Credit, waited);
             return Poll::Pending;
         }
         // Use whatever credit there is: a partial frame now beats a whole one later.
@@ -156,7 +161,7 @@ impl Inner {
         }
         if !room {
             self.wait_for_room(key, waker, HEADER_LEN + n);
-            self.write_waits.blocked(key, Blocked::Room, waited);
+            self.rare().write_waits.blocked(key, Blocked::Room, waited);
             return Poll::Pending;
         }
         stream.send_credit -= n as u32;
@@ -318,12 +323,10 @@ impl Inner {
             // Ours, unacknowledged: it leaves the backlog (the caller wakes the next open).
             self.peer.unacked -= 1;
         }
-        if stream.queued.has(Queued::STOP) {
+        if let Some(rare) = &mut self.rare {
             // No `stopped()` future outlives the handles; this only keeps the map exact.
-            self.stop_waiters.remove(&key);
-        }
-        if stream.queued.has(Queued::PRIORITY) {
-            self.priorities.remove(&key);
+            rare.stop_waiters.remove(&key);
+            rare.priorities.remove(&key);
         }
         let grown = stream
             .window
@@ -343,7 +346,9 @@ impl Inner {
         }
         self.streams.remove(key);
         self.ids.remove(&id);
-        self.write_waits.forget(key);
+        if let Some(rare) = &mut self.rare {
+            rare.write_waits.forget(key);
+        }
         event!(
             trace,
             session = self.id,

@@ -94,15 +94,15 @@ pub struct Connection<T> {
     read_closed: bool,
     /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
     peer_closed: bool,
-    keepalive_interval: Option<Duration>,
-    idle_timeout: Option<Duration>,
     write_stall_timeout: Option<Duration>,
-    /// Built on the first poll, inside the runtime (a `Sleep` needs its time driver).
+    /// Keepalive and idle timers, counting from the first poll.
     keepalive: Option<Timer>,
     idle: Option<Timer>,
     /// Twice the keepalive interval a peer of this crate announced: silence that long means
     /// it is dead (see `Error::KeepaliveTimeout`). Set once its greeting has come.
     liveness: Option<Timer>,
+    /// Wakes the driver when one of the three timers above must look again (see `Timer`).
+    timer_sleep: Option<Pin<Box<Sleep>>>,
     /// The peer's kind is known, so `liveness` is settled.
     peer_known: bool,
     timers_started: bool,
@@ -194,12 +194,11 @@ where
             read_paused: false,
             read_closed: false,
             peer_closed: false,
-            keepalive_interval: keepalive,
-            idle_timeout: idle,
             write_stall_timeout: stall,
-            keepalive: None,
-            idle: None,
+            keepalive: keepalive.map(Timer::new),
+            idle: idle.map(Timer::silence),
             liveness: None,
+            timer_sleep: None,
             peer_known: false,
             timers_started: false,
             stall: None,

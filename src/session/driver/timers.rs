@@ -5,12 +5,11 @@ use std::collections::VecDeque;
 
 use super::Connection;
 use std::future::Future;
-use std::pin::Pin;
 use std::task::Context;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::config::deadline_after;
 use crate::error::Error;
@@ -22,62 +21,64 @@ use crate::session::out_queue::Cursor;
 /// peer's frames may be waiting. Any sleep makes the runtime poll its I/O first.
 const SILENCE_CONFIRM: Duration = Duration::from_millis(50);
 
-/// A periodic check: fires `interval` after the last activity.
+/// A periodic check: fires `interval` after the last activity. The timers share one `Sleep`
+/// (`Connection::timer_sleep`), set to the earliest moment one of them must look again: a
+/// `Sleep` is a boxed 112 bytes, which every idle session would otherwise hold two or three
+/// of (`benches/idle_sessions.rs`).
 pub(super) struct Timer {
     interval: Duration,
     pub(super) last: Instant,
-    sleep: Pin<Box<Sleep>>,
-    /// For a silence timer: expired once, and waiting [`SILENCE_CONFIRM`] to be sure.
-    confirm: Option<bool>,
+    /// A silence timer, which fires only if nothing arrived for [`SILENCE_CONFIRM`] more after
+    /// it expired.
+    silence: bool,
+    /// For a silence timer that expired: when it believes it.
+    confirm_at: Option<Instant>,
 }
 
 impl Timer {
     pub(super) fn new(interval: Duration) -> Timer {
-        let now = Instant::now();
         Timer {
             interval,
-            last: now,
-            sleep: Box::pin(tokio::time::sleep_until(deadline_after(now, interval))),
-            confirm: None,
+            last: Instant::now(),
+            silence: false,
+            confirm_at: None,
         }
     }
 
-    /// A timer of the peer's silence: it fires only if nothing arrived for [`SILENCE_CONFIRM`]
-    /// more after it expired.
+    /// A timer of the peer's silence, see [`SILENCE_CONFIRM`].
     pub(super) fn silence(interval: Duration) -> Timer {
         Timer {
-            confirm: Some(false),
+            silence: true,
             ..Timer::new(interval)
         }
     }
 
-    /// Ready when `interval` has passed since the last activity; re-arms itself either way.
-    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.sleep.as_mut().poll(cx).is_pending() {
+    /// Whether `interval` has passed since the last activity, as of `now`; a periodic timer
+    /// then starts its next interval.
+    fn expired(&mut self, now: Instant) -> bool {
+        if now < deadline_after(self.last, self.interval) {
+            // Something happened since it expired, if it had.
+            self.confirm_at = None;
             return false;
         }
-        let deadline = deadline_after(self.last, self.interval);
-        let now = Instant::now();
-        if now >= deadline && self.confirm == Some(false) {
-            self.confirm = Some(true);
-            self.sleep.as_mut().reset(now + SILENCE_CONFIRM);
-            let _ = self.sleep.as_mut().poll(cx);
-            return false;
+        if self.silence {
+            match self.confirm_at {
+                None => {
+                    self.confirm_at = Some(now + SILENCE_CONFIRM);
+                    return false;
+                }
+                Some(at) if now < at => return false,
+                Some(_) => self.confirm_at = None,
+            }
         }
-        if self.confirm.is_some() {
-            self.confirm = Some(false);
-        }
-        if now >= deadline {
-            self.last = Instant::now();
-            self.sleep
-                .as_mut()
-                .reset(deadline_after(self.last, self.interval));
-            let _ = self.sleep.as_mut().poll(cx);
-            return true;
-        }
-        self.sleep.as_mut().reset(deadline);
-        let _ = self.sleep.as_mut().poll(cx);
-        false
+        self.last = now;
+        true
+    }
+
+    /// When it must be looked at next.
+    fn next_check(&self) -> Instant {
+        self.confirm_at
+            .unwrap_or_else(|| deadline_after(self.last, self.interval))
     }
 }
 
@@ -88,8 +89,11 @@ where
     pub(super) fn poll_timers(&mut self, cx: &mut Context<'_>) {
         if !self.timers_started {
             self.timers_started = true;
-            self.keepalive = self.keepalive_interval.map(Timer::new);
-            self.idle = self.idle_timeout.map(Timer::silence);
+            // They count from the first poll, as a `Sleep` made then did.
+            let now = Instant::now();
+            for timer in [&mut self.keepalive, &mut self.idle].into_iter().flatten() {
+                timer.last = now;
+            }
         }
         if self.read_paused {
             // Not reading is our doing, not the peer's silence.
@@ -98,14 +102,48 @@ where
                 silence.last = now;
             }
         }
-        if self.idle.as_mut().is_some_and(|t| t.poll_expired(cx)) {
-            self.end(Error::IdleTimeout, true);
-        }
-        if self.liveness.as_mut().is_some_and(|t| t.poll_expired(cx)) {
-            self.end(Error::KeepaliveTimeout, true);
-        }
-        if self.keepalive.as_mut().is_some_and(|t| t.poll_expired(cx)) {
-            self.shared.lock().queue_keepalive();
+        // A sleep found ready (its moment passed while the driver was busy) is looked at again
+        // at once; should it stay ready, the driver comes back rather than sleep unwoken.
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            if rounds > 4 {
+                cx.waker().wake_by_ref();
+                break;
+            }
+            let now = Instant::now();
+            if self.idle.as_mut().is_some_and(|t| t.expired(now)) {
+                self.end(Error::IdleTimeout, true);
+            }
+            if self.liveness.as_mut().is_some_and(|t| t.expired(now)) {
+                self.end(Error::KeepaliveTimeout, true);
+            }
+            if self.keepalive.as_mut().is_some_and(|t| t.expired(now)) {
+                self.shared.lock().queue_keepalive();
+            }
+            let next = [&self.idle, &self.liveness, &self.keepalive]
+                .into_iter()
+                .flatten()
+                .map(Timer::next_check)
+                .min();
+            let Some(next) = next else {
+                self.timer_sleep = None;
+                break;
+            };
+            let sleep = match &mut self.timer_sleep {
+                Some(sleep) => {
+                    if sleep.deadline() != next {
+                        sleep.as_mut().reset(next);
+                    }
+                    sleep
+                }
+                None => self
+                    .timer_sleep
+                    .insert(Box::pin(tokio::time::sleep_until(next))),
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                break;
+            }
         }
         if self.poll_stalled(cx) {
             self.stall_armed = false;
