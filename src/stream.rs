@@ -52,13 +52,14 @@ use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::Error;
-use crate::session::core::{Inner, Shared};
+use crate::session::core::{Admitted, Inner, Shared};
+use crate::session::direct::DirectWrite;
 
 /// One multiplexed stream: `AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static`.
 ///
@@ -119,9 +120,30 @@ impl Handle {
             .map_err(io::Error::from)
     }
 
+    /// Queues a frame of `data`, or writes it to the transport itself when nothing waits to be
+    /// written before it (see `session::direct`).
     fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        self.with_driver(|inner, key| inner.poll_write(key, cx.waker(), data))
-            .map_err(io::Error::from)
+        let direct = self.shared.direct();
+        let now = direct.map(|_| tokio::time::Instant::now());
+        let admitted = ready!(self.shared.with_driver(|inner, wakers| {
+            inner.poll_write_admit(self.key, cx.waker(), data, now, wakers)
+        }))?;
+        let n = admitted.n;
+        self.write_direct(direct, admitted, &data[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    /// Writes an admitted frame, with the control frames that go before it, to the transport
+    /// when it was admitted to, and reports what the transport took.
+    fn write_direct(&self, io: Option<&dyn DirectWrite>, admitted: Admitted, payload: &[u8]) {
+        let (Some(io), Some(batch)) = (io, admitted.direct) else {
+            return;
+        };
+        let header = admitted.header;
+        let outcome = io.write_frame(&batch.control, &header.to_bytes(), payload);
+        self.shared.with_driver(|inner, wakers| {
+            inner.direct_done(self.key, header, payload, batch, outcome, wakers);
+        });
     }
 
     async fn read_chunk(&self, max: usize) -> Result<Option<Bytes>, Error> {
@@ -135,10 +157,15 @@ impl Handle {
     async fn write_chunks(&self, chunks: &mut [Bytes]) -> Result<(), Error> {
         for chunk in chunks {
             while !chunk.is_empty() {
-                poll_fn(|cx| {
-                    self.with_driver(|inner, key| inner.poll_write_chunk(key, cx.waker(), chunk))
+                let direct = self.shared.direct();
+                let (admitted, payload) = poll_fn(|cx| {
+                    let now = direct.map(|_| tokio::time::Instant::now());
+                    self.shared.with_driver(|inner, wakers| {
+                        inner.poll_write_chunk_admit(self.key, cx.waker(), chunk, now, wakers)
+                    })
                 })
                 .await?;
+                self.write_direct(direct, admitted, &payload);
             }
         }
         Ok(())

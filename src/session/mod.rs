@@ -1,6 +1,7 @@
 //! [`Session`]: the handle to one multiplexed connection, and the driver behind it.
 
 pub(crate) mod core;
+pub(crate) mod direct;
 mod driver;
 mod linger;
 mod out_queue;
@@ -148,7 +149,10 @@ impl Session {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (session, connection) = Session::new(io, role, config);
+        // The spawned driver's transport is shared with the writers (`session::direct`).
+        let io = direct::IoCell::new(io);
+        let (session, connection) = Session::new(direct::SharedIo(Arc::clone(&io)), role, config);
+        session.shared.set_direct(io);
         tokio::spawn(connection);
         session
     }

@@ -32,7 +32,7 @@ mod wait_list;
 mod write_waits;
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Waker;
 
 use bytes::BytesMut;
@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use self::id_hash::IdMap;
 use self::lifecycle::Lifecycle;
-pub(crate) use self::outgoing::Batch;
+pub(crate) use self::outgoing::{Admitted, Batch};
 use self::outgoing::{Control, Outgoing};
 use self::peer::Peer;
 pub(crate) use self::peer::PeerKind;
@@ -50,19 +50,34 @@ use self::stream_state::StreamState;
 pub(crate) use self::wait_list::WaitList;
 use self::write_waits::WriteWaits;
 use crate::config::{Config, Role};
+use crate::session::direct::DirectWrite;
 use crate::stats::Stats;
 use crate::trace::next_session_id;
 
 /// The mutex-guarded session state, see the module docs.
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
+    /// The transport, for writers that may write their frame themselves (a spawned session's;
+    /// see `session::direct`).
+    direct: OnceLock<Arc<dyn DirectWrite>>,
 }
 
 impl Shared {
     pub(crate) fn new(role: Role, config: Config, now: Instant) -> Shared {
         Shared {
             inner: Mutex::new(Inner::new(role, config, now)),
+            direct: OnceLock::new(),
         }
+    }
+
+    /// Lets writers write to `io` themselves.
+    pub(crate) fn set_direct(&self, io: Arc<dyn DirectWrite>) {
+        let _ = self.direct.set(io);
+    }
+
+    /// The transport writers may write to, if they may.
+    pub(crate) fn direct(&self) -> Option<&dyn DirectWrite> {
+        self.direct.get().map(|io| &**io)
     }
 
     /// Locks the state. A panic elsewhere while it was held cannot leave it half-updated in a
@@ -358,7 +373,7 @@ impl Inner {
     /// session ended, or it drains (queued inbound streams are to be refused, and the session
     /// closes itself once no stream is left).
     fn driver_needed(&self) -> bool {
-        self.out.has_output() && !self.driver_writing
+        self.has_output() && !self.driver_writing
             || self.room_to_hand_out()
             || self.life.ended()
             || self.life.draining() && (self.idle() || !self.accept_queue.is_empty())

@@ -28,15 +28,18 @@
 //!   written).
 
 use std::collections::VecDeque;
-use std::task::Waker;
+use std::task::{ready, Poll, Waker};
 
 use tokio::time::Instant;
 
+use super::send::data_header;
 use super::send_queue::SendQueues;
 use super::slab::Slab;
 use super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
 use super::Inner;
+use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
+use crate::session::direct::Direct;
 use crate::session::out_queue::OutQueue;
 
 /// Frame starts in a batch are recorded at most this far apart: control waits behind at most
@@ -49,6 +52,26 @@ pub(super) enum Control {
     Credit { key: usize, id: u32 },
     /// A frame without payload: a refusal, a close, a keepalive.
     Frame(Header),
+    /// What the transport did not take of a direct write (`Outgoing::direct_rest`): first in
+    /// the queue, and first on the wire.
+    DirectRest,
+}
+
+/// A write admitted by [`Inner::admit_write`]: its frame's header, its payload's length, and,
+/// when the writer writes it to the transport itself, what goes before it.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    pub(crate) header: Header,
+    pub(crate) n: usize,
+    pub(crate) direct: Option<DirectBatch>,
+}
+
+/// The control frames a direct write carries ahead of its frame, taken from the control queue,
+/// and the control-queue position after them.
+#[derive(Debug)]
+pub(crate) struct DirectBatch {
+    pub(crate) control: Vec<u8>,
+    control_end: u64,
 }
 
 /// A task waiting for room in the send queues.
@@ -103,6 +126,22 @@ pub(super) struct Outgoing {
     flush_control: VecDeque<(u32, usize, u32)>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
+    /// The buffer a direct write's control frames are taken into, lent to the writer; its
+    /// capacity is kept, so direct writes allocate nothing in steady state.
+    direct_control: Vec<u8>,
+    /// A writer is writing its frame to the transport itself (see `session::direct`): the
+    /// driver takes no batch meanwhile, so nothing can come between that frame's bytes.
+    direct_busy: bool,
+    /// The part of a direct write's frame that the transport did not take: at most one frame,
+    /// `max_payload + 8` bytes, outside `write_buffer_size`. The driver writes it before
+    /// anything else (`Control::DirectRest`). Its capacity is kept, so partial direct writes
+    /// allocate nothing in steady state.
+    direct_rest: Vec<u8>,
+    /// A direct write left bytes in the transport that a flush has yet to push out.
+    flush_wanted: bool,
+    /// Direct writes made (wrapping): the driver counts them as activity, so that a session
+    /// whose writers write directly keeps its buffers as one whose driver writes does.
+    direct_writes: u32,
 }
 
 impl Outgoing {
@@ -122,6 +161,11 @@ impl Outgoing {
             openers: Slab::new(),
             flush_control: VecDeque::new(),
             bytes_written: 0,
+            direct_control: Vec::new(),
+            direct_busy: false,
+            direct_rest: Vec::new(),
+            flush_wanted: false,
+            direct_writes: 0,
         }
     }
 
@@ -135,7 +179,8 @@ impl Outgoing {
 
     /// Whether everything queued is written.
     pub(super) fn all_written(&self) -> bool {
-        self.queues.all_written()
+        !self.direct_busy
+            && self.queues.all_written()
             && !self.close_mux
             && self.data_written >= self.data_end
             && self.control_written >= self.control_pushed
@@ -375,9 +420,177 @@ impl Inner {
         self.out.control.len() > self.control_limit()
     }
 
-    /// Whether the driver has anything to take.
+    /// Whether the driver has anything to take (or to flush). Never while a writer writes its
+    /// frame itself: the writer wakes the driver when it is done, if there is.
     pub(crate) fn has_output(&self) -> bool {
-        self.out.has_output()
+        !self.out.direct_busy && (self.out.has_output() || self.out.flush_wanted)
+    }
+
+    /// Direct writes made so far (wrapping), see `Outgoing::direct_writes`.
+    pub(crate) fn direct_writes(&self) -> u32 {
+        self.out.direct_writes
+    }
+
+    /// Whether a writer is writing its frame to the transport itself.
+    pub(crate) fn direct_busy(&self) -> bool {
+        self.out.direct_busy
+    }
+
+    /// Whether a direct write left bytes for the driver to flush; forgets it.
+    pub(crate) fn take_flush_wanted(&mut self) -> bool {
+        std::mem::take(&mut self.out.flush_wanted)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Direct writes (see `session::direct`).
+
+    /// Admits a write of up to `len` bytes (see `grant_write`), but leaves the frame to the
+    /// caller. With `direct` (a spawned session's writer, with the time) and nothing to write
+    /// before it but control frames (no frame queued, no batch in hand, no direct write under
+    /// way), the caller writes the control frames and its frame to the transport itself, then
+    /// reports with [`Inner::direct_done`]; meanwhile the driver takes no batch. Otherwise the
+    /// caller queues the frame with `queue_data` or `queue_data_chunk`.
+    pub(crate) fn admit_write(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        len: usize,
+        direct: Option<Instant>,
+        wakers: &mut Vec<Waker>,
+    ) -> Poll<Result<Admitted, Error>> {
+        let (id, n) = ready!(self.grant_write(key, waker, len))?;
+        let direct = match direct {
+            Some(now) if n > 0 && self.direct_possible() => {
+                self.out.direct_busy = true;
+                // The control frames queued go first, as in a batch of the driver's.
+                let mut control = std::mem::take(&mut self.out.direct_control);
+                let control_end = self.take_control(now, &mut control, wakers);
+                Some(DirectBatch {
+                    control,
+                    control_end,
+                })
+            }
+            _ => None,
+        };
+        Poll::Ready(Ok(Admitted {
+            header: data_header(id, n),
+            n,
+            direct,
+        }))
+    }
+
+    /// Admits a write of `data` and queues its frame, unless the returned grant carries a
+    /// direct batch (see [`Inner::admit_write`]).
+    pub(crate) fn poll_write_admit(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        data: &[u8],
+        direct: Option<Instant>,
+        wakers: &mut Vec<Waker>,
+    ) -> Poll<Result<Admitted, Error>> {
+        let admitted = ready!(self.admit_write(key, waker, data.len(), direct, wakers))?;
+        if admitted.direct.is_none() && admitted.n > 0 {
+            self.queue_data(key, admitted.header, &data[..admitted.n]);
+        }
+        Poll::Ready(Ok(admitted))
+    }
+
+    /// The same for `write_chunk`: a queued frame takes its bytes from `chunk` without
+    /// copying, and `chunk` is advanced past them either way.
+    pub(crate) fn poll_write_chunk_admit(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        chunk: &mut bytes::Bytes,
+        direct: Option<Instant>,
+        wakers: &mut Vec<Waker>,
+    ) -> Poll<Result<(Admitted, bytes::Bytes), Error>> {
+        let admitted = ready!(self.admit_write(key, waker, chunk.len(), direct, wakers))?;
+        let payload = chunk.split_to(admitted.n);
+        if admitted.direct.is_none() && admitted.n > 0 {
+            self.queue_data_chunk(key, admitted.header, payload.clone());
+        }
+        Poll::Ready(Ok((admitted, payload)))
+    }
+
+    /// Whether a frame written now would go first: nothing but control frames is queued, and
+    /// the driver has no batch in hand.
+    fn direct_possible(&self) -> bool {
+        let out = &self.out;
+        let control_taken = out.control_pushed - out.control.len() as u64;
+        !out.direct_busy
+            && !out.close_mux
+            && out.queues.all_written()
+            && !out.queues.has_output()
+            && out.data_written >= out.data_end
+            && out.control_written >= control_taken
+            && self.life.end_reason().is_none()
+    }
+
+    /// A direct write admitted by [`Inner::admit_write`] is done: the transport took
+    /// `outcome.written` bytes of its control frames, `header` and `payload`. A frame it took
+    /// nothing of is queued as any other; what it did not take of the control frames, and of a
+    /// frame it took part of, the driver writes before anything else, and the stream's close
+    /// and `poll_written` wait for it.
+    pub(crate) fn direct_done(
+        &mut self,
+        key: usize,
+        header: Header,
+        payload: &[u8],
+        batch: DirectBatch,
+        outcome: Direct,
+        wakers: &mut Vec<Waker>,
+    ) {
+        self.out.direct_busy = false;
+        let DirectBatch {
+            mut control,
+            control_end,
+        } = batch;
+        let written = outcome.written;
+        self.out.bytes_written += written as u64;
+        self.out.flush_wanted |= outcome.unflushed;
+        if written >= control.len() {
+            // The control frames are out: wake whoever waited for them (closes, flushes).
+            let data = self.out.data_written;
+            self.written(data, control_end, 0, wakers);
+        }
+        let frame_taken = written > 0;
+        if frame_taken {
+            self.stats.frames_sent += 1;
+            self.out.direct_writes = self.out.direct_writes.wrapping_add(1);
+        }
+        // What the transport did not take: of the control frames, and of the frame once the
+        // transport took some of the whole (a frame it took nothing of is queued instead).
+        let header_bytes = header.to_bytes();
+        let parts: [&[u8]; 3] = [&control, &header_bytes, payload];
+        let unwritten = if frame_taken { &parts[..] } else { &parts[..1] };
+        let mut skip = written;
+        for part in unwritten {
+            let start = skip.min(part.len());
+            self.out.direct_rest.extend_from_slice(&part[start..]);
+            skip -= start;
+        }
+        control.clear();
+        self.out.direct_control = control;
+        if !frame_taken {
+            self.queue_data(key, header, payload);
+        }
+        if self.out.direct_rest.is_empty() {
+            return;
+        }
+        // First in the control queue: nothing but the control frames taken was to be written
+        // when the write was admitted, and the driver took nothing since, so every entry queued
+        // meanwhile goes in the same batch, after it.
+        self.out.control.push_front(Control::DirectRest);
+        self.out.control_pushed += 1;
+        let mark = self.out.control_pushed as u32;
+        if frame_taken {
+            if let Some(stream) = self.streams.get_mut(key) {
+                stream.close_mark = mark;
+                stream.queued.set(Queued::CLOSE_IN_CONTROL, true);
+            }
+        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -450,6 +663,11 @@ impl Inner {
                     Some(header) => header,
                     None => continue,
                 },
+                Control::DirectRest => {
+                    control_buf.extend_from_slice(&self.out.direct_rest);
+                    self.out.direct_rest.clear();
+                    continue;
+                }
             };
             control_buf.extend_from_slice(&header.to_bytes());
             self.stats.frames_sent += 1;

@@ -3,8 +3,6 @@
 
 use std::task::{Poll, Waker};
 
-use bytes::Bytes;
-
 use super::stream_state::{Closed, PeerSaid, Queued, RecvState, SendState, WriteWait};
 use super::write_waits::Blocked;
 use super::Inner;
@@ -81,45 +79,24 @@ impl Inner {
         Poll::Ready(Ok((key, id)))
     }
 
+    /// Queues a Data frame with as much of `data` as credit and room allow at once (the
+    /// writers' path without direct writes, for the core's unit tests).
+    #[cfg(test)]
     pub(crate) fn poll_write(
         &mut self,
         key: usize,
         waker: &Waker,
         data: &[u8],
     ) -> Poll<Result<usize, Error>> {
-        let (id, n) = match self.grant_write(key, waker, data.len()) {
-            Poll::Ready(Ok(grant)) => grant,
-            other => return other.map_ok(|_| 0),
-        };
-        if n > 0 {
-            self.queue_data(key, data_header(id, n), &data[..n]);
-        }
-        Poll::Ready(Ok(n))
-    }
-
-    /// Queues a Data frame with as much of `chunk` as credit and room allow at once, without
-    /// copying it, and advances `chunk` past it; see [`Inner::poll_write`].
-    pub(crate) fn poll_write_chunk(
-        &mut self,
-        key: usize,
-        waker: &Waker,
-        chunk: &mut Bytes,
-    ) -> Poll<Result<usize, Error>> {
-        let (id, n) = match self.grant_write(key, waker, chunk.len()) {
-            Poll::Ready(Ok(grant)) => grant,
-            other => return other.map_ok(|_| 0),
-        };
-        if n > 0 {
-            self.queue_data_chunk(key, data_header(id, n), chunk.split_to(n));
-        }
-        Poll::Ready(Ok(n))
+        self.poll_write_admit(key, waker, data, None, &mut Vec::new())
+            .map_ok(|admitted| admitted.n)
     }
 
     /// Admits a write of up to `len` bytes: the stream's id and how many bytes may go in one
     /// frame now (0 only when `len` is), with the credit for them taken. Pending, with the
     /// waker registered for what is missing, while the stream has no credit or the data queue
     /// no room.
-    fn grant_write(
+    pub(super) fn grant_write(
         &mut self,
         key: usize,
         waker: &Waker,
@@ -359,7 +336,7 @@ impl Inner {
     }
 }
 
-fn data_header(id: u32, n: usize) -> Header {
+pub(super) fn data_header(id: u32, n: usize) -> Header {
     Header {
         id,
         length: n as u32,

@@ -76,6 +76,9 @@ pub struct Connection<T> {
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the queues' memory.
     large_batch_at: Option<Instant>,
+    /// The core's count of direct writes when the driver last looked: writes it did not make
+    /// are activity too (see `session::direct`).
+    direct_writes: u32,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
     /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
@@ -184,6 +187,7 @@ where
             boundaries: VecDeque::new(),
             control_waiting: false,
             large_batch_at: None,
+            direct_writes: 0,
             unflushed: false,
             budget: FIRST_BUDGET.min(max_budget),
             max_budget,

@@ -52,6 +52,27 @@ where
         loop {
             if self.batch_written() {
                 let mut inner = self.shared.lock();
+                if inner.take_flush_wanted() {
+                    self.unflushed = true;
+                }
+                if inner.direct_writes() != self.direct_writes {
+                    // Writers wrote since the driver last looked: the session is busy, so its
+                    // buffers stay (a queued write after a release would allocate them again).
+                    self.direct_writes = inner.direct_writes();
+                    let now = Instant::now();
+                    self.linger.touch(now);
+                    if self.large_batch_at.is_some() {
+                        self.large_batch_at = Some(now);
+                    }
+                }
+                if inner.direct_busy() {
+                    // A writer is writing its frame itself: nothing may go before it is done,
+                    // and it wakes this task then (a closing session's CloseMux waited here).
+                    inner.set_driver_waker(cx.waker(), false);
+                    drop(inner);
+                    self.wake_collected();
+                    return Poll::Pending;
+                }
                 if !inner.has_output() {
                     // Room nobody has claimed: the tasks woken for it may have been cancelled.
                     // Pass it on (unless it was just handed out), and come back to check again

@@ -1,0 +1,243 @@
+//! Direct writes: a writer whose frame would be the only thing to write writes it to the
+//! transport itself, instead of queueing it and waking the driver task to write it. A
+//! request/response exchange then costs one task hop per message (the driver waking the
+//! reader) instead of two.
+//!
+//! The transport of a spawned session lives in an [`IoCell`], which the driver reads and writes
+//! through [`SharedIo`] (its transport type) and writers through [`DirectWrite`]. Neither
+//! ever waits for it: both only `try_lock` it and make one transport call under it, never
+//! across an `.await`.
+//!
+//! - A writer that finds it taken queues its frame as usual.
+//! - A driver that finds it taken (a writer is inside its write call) leaves its waker and a
+//!   flag; the writer wakes it when it lets go.
+//! - A direct write polls the transport with the driver's waker: a transport that is not
+//!   ready wakes the driver once it is, and the driver then writes what was queued meanwhile.
+//!
+//! When a direct write is allowed (nothing queued, no batch in hand) and what happens to the
+//! part of a frame the transport did not take is the core's business: `Inner::admit_write` and
+//! `Inner::direct_done`.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// What a direct write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Direct {
+    /// Bytes of the frame the transport took (0: the frame is to be queued).
+    pub(crate) written: usize,
+    /// The transport holds bytes that a flush has not pushed out yet: the driver flushes.
+    pub(crate) unflushed: bool,
+}
+
+impl Direct {
+    const NOTHING: Direct = Direct {
+        written: 0,
+        unflushed: false,
+    };
+}
+
+/// A transport that stream handles may write a frame to, see the module docs.
+pub(crate) trait DirectWrite: Send + Sync {
+    /// Offers `control` (control frames taken from the queue), `header` and `payload` to the
+    /// transport in one call (one per part for a transport without vectored writes), unless
+    /// the transport is busy or gone.
+    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8]) -> Direct;
+}
+
+/// A spawned session's transport, shared by its driver and its writers.
+pub(crate) struct IoCell<T> {
+    /// `None` once the driver has gone: the transport is closed then, whoever still holds a
+    /// handle.
+    io: Mutex<Option<T>>,
+    /// The driver's waker, for the writers' transport calls and for waking it.
+    driver: Mutex<Option<Waker>>,
+    /// The driver found the transport taken and waits to be woken.
+    missed: AtomicBool,
+    /// The driver went away while a writer held the transport: the writer drops it.
+    closed: AtomicBool,
+    vectored: bool,
+}
+
+impl<T: AsyncWrite> IoCell<T> {
+    pub(crate) fn new(io: T) -> Arc<IoCell<T>> {
+        Arc::new(IoCell {
+            vectored: io.is_write_vectored(),
+            io: Mutex::new(Some(io)),
+            driver: Mutex::new(None),
+            missed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        })
+    }
+}
+
+impl<T> IoCell<T> {
+    fn try_io(&self) -> Option<MutexGuard<'_, Option<T>>> {
+        match self.io.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn driver(&self) -> MutexGuard<'_, Option<Waker>> {
+        self.driver.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// After a writer let go of the transport: wakes the driver if it found it taken, and
+    /// drops the transport if the driver has gone meanwhile.
+    fn released(&self) {
+        if self.missed.swap(false, Ordering::SeqCst) {
+            if let Some(driver) = self.driver().clone() {
+                driver.wake();
+            }
+        }
+        if self.closed.load(Ordering::SeqCst) {
+            if let Some(mut io) = self.try_io() {
+                io.take();
+            }
+        }
+    }
+}
+
+impl<T> DirectWrite for IoCell<T>
+where
+    T: AsyncWrite + Unpin + Send,
+{
+    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8]) -> Direct {
+        // Before the driver's first transport call there is no waker to leave with the
+        // transport: the frame is queued (the driver runs soon anyway).
+        let Some(waker) = self.driver().clone() else {
+            return Direct::NOTHING;
+        };
+        let Some(mut guard) = self.try_io() else {
+            return Direct::NOTHING;
+        };
+        let Some(io) = guard.as_mut() else {
+            return Direct::NOTHING;
+        };
+        let mut cx = Context::from_waker(&waker);
+        let mut io = Pin::new(io);
+        // An error (or a transport taking nothing) leaves the frame to the queue: the driver
+        // meets the error itself when it writes it, and ends the session as it would have.
+        let parts = [control, header, payload];
+        let total = parts.iter().map(|part| part.len()).sum();
+        let mut written = 0;
+        if self.vectored {
+            let slices = parts.map(IoSlice::new);
+            if let Poll::Ready(Ok(n)) = io.as_mut().poll_write_vectored(&mut cx, &slices) {
+                written = n;
+            }
+        } else {
+            // Part by part, until one is not taken whole.
+            for part in parts.into_iter().filter(|part| !part.is_empty()) {
+                let taken = match io.as_mut().poll_write(&mut cx, part) {
+                    Poll::Ready(Ok(n)) => n.min(part.len()),
+                    _ => 0,
+                };
+                written += taken;
+                if taken < part.len() {
+                    break;
+                }
+            }
+        }
+        let written = written.min(total);
+        let unflushed = written > 0 && !matches!(io.poll_flush(&mut cx), Poll::Ready(Ok(())));
+        drop(guard);
+        self.released();
+        Direct { written, unflushed }
+    }
+}
+
+/// The driver's view of an [`IoCell`]: its transport.
+pub(crate) struct SharedIo<T>(pub(crate) Arc<IoCell<T>>);
+
+impl<T: Unpin> SharedIo<T> {
+    /// Runs one transport call, unless a writer holds the transport: then the writer wakes
+    /// this task when it lets go.
+    fn with_io<R>(
+        &self,
+        cx: &mut Context<'_>,
+        call: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        let cell = &self.0;
+        {
+            let mut driver = cell.driver();
+            if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *driver = Some(cx.waker().clone());
+            }
+        }
+        let guard = match cell.try_io() {
+            Some(guard) => guard,
+            None => {
+                cell.missed.store(true, Ordering::SeqCst);
+                // The writer may have let go before it could see the flag.
+                match cell.try_io() {
+                    Some(guard) => guard,
+                    None => return Poll::Pending,
+                }
+            }
+        };
+        let mut guard = guard;
+        match guard.as_mut() {
+            Some(io) => call(Pin::new(io), cx),
+            None => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+}
+
+impl<T> Drop for SharedIo<T> {
+    /// The driver is done with the transport: it is closed now, not when the last stream
+    /// handle goes.
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+        if let Some(mut io) = self.0.try_io() {
+            io.take();
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for SharedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.with_io(cx, |io, cx| io.poll_read(cx, buf))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for SharedIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.with_io(cx, |io, cx| io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.with_io(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.vectored
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with_io(cx, |io, cx| io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with_io(cx, |io, cx| io.poll_shutdown(cx))
+    }
+}
