@@ -74,7 +74,9 @@ impl Role {
 ///   plus at most 40 bytes per stream (its OpenStream, window announcement and three closes); the batch being written holds at most
 ///   as much again (its size follows what the transport takes, from 8 KiB up); emptied queues
 ///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
-///   goes quiet. The control queue (credit, refusals, keepalives)
+///   goes quiet. A direct write (see the crate docs) that the transport took only part of
+///   leaves at most its control frames and one frame (`max_payload + 8` bytes) for the driver,
+///   in a buffer kept for reuse. The control queue (credit, refusals, keepalives)
 ///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is
 ///   over `accept_backlog + max_streams` frames, which only a peer that does not read our
 ///   frames can cause. (`tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`)

@@ -19,7 +19,8 @@
 //! # Flushing
 //!
 //! A write returns once its bytes are in the session's outgoing queue, which the driver writes
-//! to the transport in order without any further call; the queue is bounded by
+//! to the transport in order without any further call (or once the writer has written them to
+//! the transport itself, when nothing was queued before them); the queue is bounded by
 //! [`Config::write_buffer_size`](crate::Config::write_buffer_size), and writes wait for room.
 //! `flush` and `shutdown` therefore return at once while the session lives, as they do on a
 //! `TcpStream`, whose kernel buffer plays the same part. Once the transport has refused a write

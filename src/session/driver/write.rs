@@ -59,8 +59,12 @@ where
                     // Writers wrote since the driver last looked: the session is busy, so its
                     // buffers stay (a queued write after a release would allocate them again).
                     self.direct_writes = inner.direct_writes();
+                    // Nor is a keepalive needed: the peer heard from this side.
                     let now = Instant::now();
                     self.linger.touch(now);
+                    if let Some(keepalive) = &mut self.keepalive {
+                        keepalive.last = now;
+                    }
                     if self.large_batch_at.is_some() {
                         self.large_batch_at = Some(now);
                     }

@@ -410,16 +410,37 @@ func (r *run) closeRead() (string, error) {
 		if _, err := io.ReadFull(s, buf); err != nil {
 			return "", fmt.Errorf("reading the first %d bytes: %v", before, err)
 		}
-		if err := (&pattern{seed: in}).check(buf); err != nil {
+		p := &pattern{seed: in}
+		if err := p.check(buf); err != nil {
 			return "", err
 		}
 		if err := s.CloseRead(); err != nil {
 			return "", fmt.Errorf("CloseRead: %v", err)
 		}
-		if err := exchange(s, out, r.size, in, 0, 0); err != nil {
+		// Go's streams still hand out what arrived before the peer learnt of the CloseRead:
+		// at most the credit this side granted (one 64 KiB window), the continuation of what
+		// was read. Reads after CloseRead return at once, so this takes what is here now.
+		late := 0
+		for {
+			n, err := s.Read(buf)
+			if err := p.check(buf[:n]); err != nil {
+				return "", fmt.Errorf("data in flight at CloseRead: %v", err)
+			}
+			late += n
+			if err != nil || n == 0 {
+				break
+			}
+		}
+		if late > 64*1024 {
+			return "", fmt.Errorf("%d bytes arrived after CloseRead, more than the credit granted", late)
+		}
+		if err := send(s, &pattern{seed: out}, r.size, func() int { return 64 * 1024 }); err != nil {
 			return "", fmt.Errorf("after CloseRead: %v", err)
 		}
-		return fmt.Sprintf("read %d bytes, closed reading, sent %d", before, r.size), nil
+		if err := s.CloseWrite(); err != nil {
+			return "", fmt.Errorf("CloseWrite: %v", err)
+		}
+		return fmt.Sprintf("read %d bytes, closed reading (%d more were in flight), sent %d", before, late, r.size), nil
 	}
 	p := &pattern{seed: out}
 	err = send(s, p, 1<<40, func() int { return 64 * 1024 })
