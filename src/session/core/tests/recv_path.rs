@@ -187,3 +187,16 @@ fn accept_fails_once_a_graceful_close_has_started() {
         "{accept:?}"
     );
 }
+
+/// Closing the read side drops what was buffered, and the session's buffered figure follows.
+#[test]
+fn closing_the_read_side_drops_what_was_buffered() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = core.accepted(0);
+    core.frame(Frame::data(0, vec![1; 1000])).expect("data");
+    assert_eq!(core.inner.stats().buffered, 1000);
+    core.inner.close_read(key);
+    assert_eq!(core.inner.buffered(key), 0);
+    assert_eq!(core.inner.stats().buffered, 0);
+    assert_eq!(core.read(key, 100), 0);
+}

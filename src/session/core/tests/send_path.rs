@@ -441,3 +441,66 @@ fn a_queue_that_never_empties_stays_bounded() {
     let held = core.inner.data_capacity();
     assert!(held <= 1 << 20, "{held} bytes held");
 }
+
+/// A stream is closed on the wire once: its CloseStream goes out when the application closes
+/// it, not again when its handles go; and after the peer's CloseStream, nothing more goes out
+/// for it, whatever the application then shuts, closes or drops.
+#[test]
+fn a_stream_is_closed_on_the_wire_once() {
+    use crate::frame::{Frame, Kind};
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default(),
+    );
+    let (key, id) = core.open();
+    core.sent();
+    core.inner.close_stream(key);
+    core.inner.close_stream(key);
+    core.inner.release(key, true, true);
+    assert_eq!(super::kinds(&core.sent()), vec![(id, Kind::CloseStream)]);
+    type Close = fn(&mut super::Inner, usize);
+    let closes: [(&str, Close); 4] = [
+        ("shutdown", |inner, key| inner.shutdown(key)),
+        ("close_read", |inner, key| inner.close_read(key)),
+        ("close_stream", |inner, key| inner.close_stream(key)),
+        ("release", |inner, key| inner.release(key, true, true)),
+    ];
+    for (what, close) in closes {
+        let (key, id) = core.open();
+        core.sent();
+        core.frame(Frame::control(id, Kind::CloseStream))
+            .expect("the peer's close");
+        close(&mut core.inner, key);
+        core.inner.release(key, true, true);
+        assert_eq!(core.sent(), vec![], "{what} after the peer's CloseStream");
+    }
+}
+
+/// Towards a peer of this crate, a stream of ours that goes before the peer said anything
+/// about it leaves the open backlog, and an open that gives up its place in line passes it
+/// on: with a backlog of one, the open behind it goes once the first stream is gone.
+#[test]
+fn a_stream_gone_unacknowledged_and_an_open_gone_from_the_line_let_the_next_open_in() {
+    use crate::frame::{Frame, Kind, GREETING_ID};
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default().open_backlog(1),
+    );
+    core.frame(Frame::control(GREETING_ID, Kind::Keepalive))
+        .expect("greeting");
+    let (first, _) = core.open();
+    let mut open = |line: &mut Option<usize>| {
+        core.inner
+            .poll_open(Waker::noop(), &mut None, line, true, &mut Vec::new())
+    };
+    let (mut second, mut third) = (None, None);
+    assert!(open(&mut second).is_pending());
+    assert!(open(&mut third).is_pending());
+    // The second open goes away, and the first stream with it.
+    core.inner.open_line_gone(&mut second);
+    core.inner.release(first, true, true);
+    let opened = core
+        .inner
+        .poll_open(Waker::noop(), &mut None, &mut third, true, &mut Vec::new());
+    assert!(matches!(opened, Poll::Ready(Ok(_))), "{opened:?}");
+}
