@@ -200,3 +200,22 @@ fn closing_the_read_side_drops_what_was_buffered() {
     assert_eq!(core.inner.stats().buffered, 0);
     assert_eq!(core.read(key, 100), 0);
 }
+
+/// A stream whose peer has finished sending does not grow its window, however promptly it is
+/// read: the session's window budget is kept for streams that still receive. (The same reads
+/// grow the window of a stream still open: `a_window_that_limits_a_fast_reader_doubles`.)
+#[test]
+fn a_finished_stream_does_not_grow_its_window() {
+    let mut core = Core::new(Role::Server, Config::default());
+    let key = super::first_round(&mut core);
+    core.frame(Frame::data(0, vec![7; 65_536]))
+        .expect("in credit");
+    core.frame(Frame::control(0, Kind::CloseRead))
+        .expect("close");
+    assert_eq!(core.read(key, 1 << 20), 65_536);
+    assert_eq!(core.inner.stream_stats(key).receive_window, 65_536);
+    assert_eq!(
+        core.inner.window_budget,
+        Config::default().receive_window_budget
+    );
+}

@@ -504,3 +504,27 @@ fn a_stream_gone_unacknowledged_and_an_open_gone_from_the_line_let_the_next_open
         .poll_open(Waker::noop(), &mut None, &mut third, true, &mut Vec::new());
     assert!(matches!(opened, Poll::Ready(Ok(_))), "{opened:?}");
 }
+
+/// A batch takes at most 4096 turns, which bounds its bookkeeping (an entry per turn): with
+/// 5000 streams just opened, the first batch carries 4096 of their OpenStreams, however large
+/// its budget, and the next batch the rest.
+#[test]
+fn a_batch_takes_at_most_4096_turns() {
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default(),
+    );
+    // A peer that did not greet: opens are not held for its acknowledgements.
+    core.frame(crate::frame::Frame::control(
+        0,
+        crate::frame::Kind::Keepalive,
+    ))
+    .expect("keepalive");
+    for _ in 0..5000 {
+        core.open();
+    }
+    let first = core.take_all(usize::MAX).1;
+    assert_eq!(super::headers(&first).len(), 4096);
+    let second = core.take_all(usize::MAX).1;
+    assert_eq!(super::headers(&second).len(), 5000 - 4096);
+}
