@@ -299,8 +299,10 @@ fn spare_queue_buffers_hold_at_most_their_bound() {
     );
     let mut wakers = Vec::new();
     let (mut end, mut control_end) = (0, 0);
-    // Sixteen streams each queue 64 KiB, which the driver takes and the transport holds: every
-    // queue stays in flight, with its buffer.
+    // Sixteen streams each queue 64 KiB, taken batch after batch and reported written only at
+    // the end, so that every queue stays in flight with its buffer and all are freed at once.
+    // (The driver itself takes a batch once the one before is written; this is the most it
+    // could free at once with a larger `write_buffer_size`.)
     for _ in 0..16 {
         let (key, id) = core.open();
         core.frame(crate::frame::Frame::window_update(id, 1 << 20))
