@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mutation testing of the parts of the crate whose every branch a test should pin down: the pure
 # modules (flow.rs, codec.rs, frame.rs), against their own unit tests (`cargo test --lib --
-# flow:: codec:: frame::`), and the core's receive and send paths (session/core/recv.rs and
-# send.rs), against the unit tests and the integration tests that drive the core through its
-# frames (policy, core_findings_a, core_findings_b, faults). cargo-mutants changes one thing at a time (a `>` into `>=`, a
+# flow:: codec:: frame::`), and the core's receive and send paths (session/core/recv.rs,
+# send.rs and send_queue.rs, the send queues and their scheduler), against the unit tests and
+# the integration tests that drive the core through its frames (policy, core_findings_a,
+# core_findings_b, faults, send_scheduler, core_mutants). cargo-mutants changes one thing at a time (a `>` into `>=`, a
 # function body into a default value, ...), builds, and runs those tests: a mutant that no test
 # fails on ("missed") is behaviour nothing pins down, unless the change is equivalent (the
 # program behaves the same). RELIABILITY.md lists the score and every equivalent survivor.
@@ -11,8 +12,8 @@
 # usage: scripts/mutants.sh [--part pure|core|all] [--jobs N] [--in-place] [--shard K/N]
 #                           [--output DIR] [--list]
 #   --part pure   flow.rs, codec.rs and frame.rs against `cargo test --lib` (the default)
-#   --part core   session/core/recv.rs and send.rs against the unit tests and the core's
-#                 integration tests
+#   --part core   session/core/recv.rs, send.rs and send_queue.rs against the unit tests and
+#                 the core's integration tests
 #   --part all    both, one after the other
 #   --jobs N      mutants built and tested at once (default 2; each has its own build
 #                 directory, a copy of the tree and its target directory, whose dependencies
@@ -27,8 +28,8 @@
 # Installs cargo-mutants with `cargo install --locked cargo-mutants` when it is missing. Each
 # mutant costs a build of the crate's tests and a run of them: on the 2-core development
 # machine, shared with other builds, `--part pure` (137 mutants) took 28 and 31 minutes as two
-# shards run at once in two clones (`--in-place --shard 0/2` and `1/2`); `--part core` (201
-# mutants, five test targets) takes longer (RELIABILITY.md has the figures): too long for every
+# shards run at once in two clones (`--in-place --shard 0/2` and `1/2`); `--part core` (458
+# mutants, seven test targets) takes longer (RELIABILITY.md has the figures): too long for every
 # CI run, so CI does not run it.
 # Exits non-zero when a mutant is missed or timed out, so that a run shows at a glance
 # whether every survivor is one of the known equivalent ones (listed in RELIABILITY.md).
@@ -148,8 +149,9 @@ fi
 if [ "$part" = core ] || [ "$part" = all ]; then
     # The id hash's bucket test is skipped: its keys are random, it fails now and then on its
     # own (3 runs in 40 here), and nothing it tests is mutated.
-    run core src/session/core/recv.rs src/session/core/send.rs -- \
-        --lib --test policy --test core_findings_a --test core_findings_b --test faults -- \
+    run core src/session/core/recv.rs src/session/core/send.rs src/session/core/send_queue.rs -- \
+        --lib --test policy --test core_findings_a --test core_findings_b --test faults \
+        --test send_scheduler --test core_mutants -- \
         --skip session::core::id_hash || status=$?
 fi
 exit "$status"

@@ -893,3 +893,7 @@ fn frames_are_cut_to_the_turn_and_the_stream_is_written_after_the_last_part() {
         .iter()
         .all(|f| f.1 as usize <= super::send_queue::QUANTUM));
 }
+
+mod send_path;
+
+mod recv_path;
