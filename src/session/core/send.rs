@@ -79,6 +79,20 @@ impl Inner {
         Poll::Ready(Ok((key, id)))
     }
 
+    /// Queues a Data frame with as much of `chunk` as credit and room allow at once, without
+    /// copying it, and advances `chunk` past it (the writers' path without direct writes, for
+    /// the core's unit tests).
+    #[cfg(test)]
+    pub(crate) fn poll_write_chunk(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        chunk: &mut bytes::Bytes,
+    ) -> Poll<Result<usize, Error>> {
+        self.poll_write_chunk_admit(key, waker, chunk, None, &mut Vec::new())
+            .map_ok(|(admitted, _)| admitted.n)
+    }
+
     /// Queues a Data frame with as much of `data` as credit and room allow at once (the
     /// writers' path without direct writes, for the core's unit tests).
     #[cfg(test)]
