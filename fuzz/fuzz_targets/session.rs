@@ -49,7 +49,8 @@
 //!   when both close at once), unless the input broke the protocol first; when the peer takes
 //!   every write at once (no stalls), within [`CLOSE_BOUND`] of the CloseMux reaching the
 //!   session, well under the close timeout (5 s), and the application's own `close` in mode 3
-//!   returns `Ok` within it too;
+//!   returns `Ok` within it too (with stalls, which may add up to more than the close timeout,
+//!   that `close` may instead report the timeout, as documented);
 //! - the memory bound of the `Config` docs, after everything the transport does: the data
 //!   buffered (`Stats::buffered`, and `peak_buffered` at the end) is at most
 //!   `max_streams × receive_window + receive_window_budget`, and at most `max_streams` streams
@@ -485,8 +486,17 @@ async fn peer_closes(session: &Session, shared: &Shared, close: PeerClose, promp
         let Ok(closed) = closed else {
             panic!("Session::close beside the peer's CloseMux took over {bound:?}");
         };
+        // A peer that stalls may take longer than the close timeout to take the final writes
+        // (each write it takes may be followed by up to 2 s of nothing): `close` then reports
+        // the timeout, as documented. A prompt peer leaves it no excuse.
+        let timed_out = matches!(
+            &closed,
+            Err(Error::Transport(e)) if e.kind() == io::ErrorKind::TimedOut
+        );
         assert!(
-            closed.is_ok() || matches!(session.close_reason(), Some(Error::Protocol(_))),
+            closed.is_ok()
+                || matches!(session.close_reason(), Some(Error::Protocol(_)))
+                || (!prompt && timed_out),
             "Session::close beside the peer's CloseMux failed: {closed:?}"
         );
     }

@@ -530,3 +530,46 @@ fn a_batch_takes_at_most_4096_turns() {
     let second = core.take_all(usize::MAX).1;
     assert_eq!(super::headers(&second).len(), 5000 - 4096);
 }
+
+/// Writers let in together after waiting for room each keep a share of it, and a frame they
+/// write uses as much of their share as its size: a writer that never waited finds no room
+/// while their shares last, and the shares are not used up faster than they are written.
+#[test]
+fn a_writer_let_in_uses_as_much_of_its_share_as_it_writes() {
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default().write_buffer_size(4096),
+    );
+    let streams: Vec<_> = (0..4).map(|_| core.open()).collect();
+    for &(_, id) in &streams {
+        core.frame(crate::frame::Frame::window_update(id, 1 << 20))
+            .expect("credit");
+    }
+    core.sent();
+    let [a, b, c, d] = [0, 1, 2, 3].map(|i| streams[i].0);
+    // D fills the queue in one frame; A and B then wait for room for 100 bytes each.
+    let data = vec![5u8; 4096];
+    assert!(core.inner.poll_write(d, Waker::noop(), &data).is_ready());
+    for waiter in [a, b] {
+        assert!(core
+            .inner
+            .poll_write(waiter, Waker::noop(), &data[..100])
+            .is_pending());
+    }
+    // The queue is written: its room goes to A and B, half each.
+    core.take_all(1 << 20);
+    assert_eq!(core.inner.room_granted(a), 2048);
+    assert_eq!(core.inner.room_granted(b), 2048);
+    assert!(matches!(
+        core.inner.poll_write(a, Waker::noop(), &data[..100]),
+        Poll::Ready(Ok(100))
+    ));
+    // A used 108 bytes of its share (a header and its 100 bytes): the rest is still kept.
+    assert_eq!(core.inner.room_granted(a), 2048 - 108);
+    assert!(
+        core.inner
+            .poll_write(c, Waker::noop(), &data[..100])
+            .is_pending(),
+        "a writer that never waited took room kept for those let in"
+    );
+}
