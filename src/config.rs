@@ -64,10 +64,10 @@ impl Role {
 /// - **Idle sessions**: a session that has read and written nothing for a second gives back
 ///   its read buffer (a partial frame keeps only its own bytes), its spares, its outgoing
 ///   queues and its pool of stream buffers; its next frame allocates them again, as a new
-///   session's first one does. What it keeps is its state: 2,588 bytes of heap for a
+///   session's first one does. What it keeps is its state: 2,732 bytes of heap for a
 ///   session end with one stream that moved a message (`tests/idle_memory.rs`,
 ///   `an_idle_session_end_gives_its_buffers_back`; `cargo test --test idle_memory --
-///   --nocapture` prints it), and 4,344 to 4,610 bytes resident over loopback TCP
+///   --nocapture` prints it), and 4,767 to 4,948 bytes resident over loopback TCP
 ///   (`cargo bench --bench idle_sessions`).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),

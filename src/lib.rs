@@ -111,7 +111,7 @@
 //! driver task to do it: a request and its response then cost one task wake-up each rather
 //! than two (64-byte round trip over loopback TCP: 1.16 to 1.18 × the raw connection's, against
 //! 1.53 to 1.60 × before; `cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$'`, two runs
-//! each). The writer only tries the transport's lock and polls it once: if the driver holds it,
+//! each, beside a build without them; 1.24 × in BENCHMARKS.md's run). The writer only tries the transport's lock and polls it once: if the driver holds it,
 //! or the transport takes only part of the frame, the driver writes the rest before anything
 //! else. A session whose [`Connection`] you poll yourself ([`Session::new`]) always queues.
 //!
@@ -257,10 +257,10 @@
 //!
 //! A session that has read and written nothing for a second gives back its read
 //! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state: an
-//! idle session end with one idle stream costs 4,344 to 4,610 bytes resident, its socket's
-//! registration with tokio and its driver task included, against Go gomux's 26,594 to 26,616
-//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, three runs), and
-//! 2,588 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
+//! idle session end with one idle stream costs 4,767 to 4,948 bytes resident, its socket's
+//! registration with tokio and its driver task included, against Go gomux's 26,563 to 26,578
+//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, four runs), and
+//! 2,732 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
 //! pipe). The resident figure is above the heap's because the allocator cannot give back the
 //! pages that a session's small, long-lived allocations share with freed ones. See [`Config`], "Memory bounds".
 //!
