@@ -23,7 +23,7 @@
 //! The last lines are for scripts:
 //!
 //! ```text
-//! idle: rust N sessions, X bytes resident per session end
+//! idle: rust N sessions, X bytes resident per session end (heap in use H)
 //! idle: go N sessions, X bytes resident per session end (heap in use H)
 //! ```
 //!
@@ -31,7 +31,8 @@
 //! for no time, without Go, to check that it works.
 //!
 //! Memory figures need Linux (`/proc/self/statm`); `malloc_trim` needs glibc, and without it the
-//! figures include memory the allocator keeps free.
+//! figures include memory the allocator keeps free. The heap in use is glibc's (`mallinfo2`),
+//! 0 elsewhere; Go's is its runtime's `HeapInuse`.
 
 #[path = "../tests/interop/go_peer.rs"]
 mod go_peer;
@@ -161,9 +162,12 @@ fn run(options: &Options) -> Result<(), BoxError> {
     );
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let rust = runtime.block_on(rust_ends(options, one_process))?;
+    let (rust, rust_heap) = runtime.block_on(rust_ends(options, one_process))?;
     drop(runtime);
-    println!("idle: rust {n} sessions, {rust:.0} bytes resident per session end");
+    println!(
+        "idle: rust {n} sessions, {rust:.0} bytes resident per session end \
+         (heap in use {rust_heap:.0})"
+    );
 
     if options.go {
         match go_ends(options, one_process)? {
@@ -183,17 +187,20 @@ fn run(options: &Options) -> Result<(), BoxError> {
 }
 
 /// The Rust sessions: both ends here, or the server ends here and the client ends in a second
-/// process. Returns the resident bytes per session end, over all ends.
-async fn rust_ends(options: &Options, one_process: bool) -> Result<f64, BoxError> {
+/// process. Returns the resident bytes and the heap in use per session end, over all ends.
+async fn rust_ends(options: &Options, one_process: bool) -> Result<(f64, f64), BoxError> {
     let n = options.sessions;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let before = resident_after_trim();
+    let before = Memory::now();
     if one_process {
         let (served, dialed) = tokio::try_join!(serve(listener, n), dial(addr, n))?;
         tokio::time::sleep(options.idle).await;
-        let per_end = growth_per_end(before, 2 * n);
-        println!("# rust, both ends in one process: {per_end:.0} bytes per session end");
+        let per_end = before.growth_per_end(2 * n);
+        println!(
+            "# rust, both ends in one process: {:.0} bytes per session end (heap in use {:.0})",
+            per_end.0, per_end.1
+        );
         drop((served, dialed));
         return Ok(per_end);
     }
@@ -211,16 +218,24 @@ async fn rust_ends(options: &Options, one_process: bool) -> Result<f64, BoxError
     )?;
     let served = serve(listener, n).await?;
     tokio::time::sleep(options.idle).await;
-    let server = growth_per_end(before, n);
-    println!("# rust server ends: {server:.0} bytes per session end");
+    let server = before.growth_per_end(n);
+    println!(
+        "# rust server ends: {:.0} bytes per session end (heap in use {:.0})",
+        server.0, server.1
+    );
     // The client measures with the server's sessions still open.
-    let client_line = tokio::task::block_in_place(|| client.wait_line("client ", REPORT_LIMIT));
-    let client_end: f64 = client_line?
-        .parse()
-        .map_err(|e| format!("the client process's figure: {e}"))?;
-    println!("# rust client ends: {client_end:.0} bytes per session end");
+    let client_line = tokio::task::block_in_place(|| client.wait_line("client ", REPORT_LIMIT))?;
+    let figures: Vec<f64> = client_line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the client process's figures {client_line:?}: {e}"))?;
+    let [resident, heap] = figures[..] else {
+        return Err(format!("the client process's figures: {client_line:?}").into());
+    };
+    println!("# rust client ends: {resident:.0} bytes per session end (heap in use {heap:.0})");
     drop(served);
-    Ok((server + client_end) / 2.0)
+    Ok(((server.0 + resident) / 2.0, (server.1 + heap) / 2.0))
 }
 
 /// The second process: the client ends. Prints "client BYTES" (per session end), then holds the
@@ -229,10 +244,11 @@ fn client_process(addr: SocketAddr, options: &Options) -> Result<(), BoxError> {
     raise_file_limit();
     let runtime = tokio::runtime::Runtime::new()?;
     let held = runtime.block_on(async {
-        let before = resident_after_trim();
+        let before = Memory::now();
         let dialed = dial(addr, options.sessions).await?;
         tokio::time::sleep(options.idle).await;
-        println!("client {:.0}", growth_per_end(before, options.sessions));
+        let (resident, heap) = before.growth_per_end(options.sessions);
+        println!("client {resident:.0} {heap:.0}");
         Ok::<_, BoxError>(dialed)
     })?;
     let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
@@ -378,9 +394,43 @@ fn raise_file_limit() -> u64 {
     soft
 }
 
-/// The resident set's growth since `before`, per session end.
-fn growth_per_end(before: u64, ends: usize) -> f64 {
-    resident_after_trim().saturating_sub(before) as f64 / ends as f64
+/// The process's memory when a measurement starts: its resident set and glibc's heap in use
+/// (the bytes allocated and not freed, which the resident set exceeds by the free memory
+/// the allocator could not give back: holes in pages partly in use).
+struct Memory {
+    resident: u64,
+    heap: u64,
+}
+
+impl Memory {
+    fn now() -> Memory {
+        Memory {
+            resident: resident_after_trim(),
+            heap: heap_in_use(),
+        }
+    }
+
+    /// The growth of both since `self`, per session end.
+    fn growth_per_end(&self, ends: usize) -> (f64, f64) {
+        let now = Memory::now();
+        let per_end = |now: u64, before: u64| now.saturating_sub(before) as f64 / ends as f64;
+        (
+            per_end(now.resident, self.resident),
+            per_end(now.heap, self.heap),
+        )
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn heap_in_use() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    u64::try_from(info.uordblks + info.hblkhd).unwrap_or(u64::MAX)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn heap_in_use() -> u64 {
+    0
 }
 
 /// The resident set in bytes, after the allocator has given its free memory back; 0 where it

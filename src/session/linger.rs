@@ -7,16 +7,13 @@
 //! `benches/idle_sessions.rs`). Its next frame allocates them again, as a new session's first
 //! one does.
 //!
-//! The timer that wakes the driver when the linger is over exists only while there is
-//! something to give back: it is dropped with the buffers, so an idle session holds no timer
-//! for it either.
+//! The driver's one timer (`Connection::timer_sleep`, shared with the keepalive and the
+//! silence timers) wakes it when the linger may be over; nothing is armed for it while there is
+//! nothing to give back.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Context;
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 /// How long a session must be quiet before it gives its buffers back. Long enough that a
 /// session trading requests and answers a few times a second keeps them; short against the
@@ -26,56 +23,48 @@ pub(crate) const LINGER: Duration = Duration::from_secs(1);
 pub(crate) struct Linger {
     /// When the driver last read or wrote something.
     last: Instant,
-    /// Whether buffers may be held since the session was last released.
-    holding: bool,
-    /// Wakes the driver once the linger may be over. Its deadline is the end of the linger as
-    /// it stood when it was armed: activity since only moves the real end later, and the timer
-    /// is re-armed when it fires early, at most once per linger.
-    sleep: Option<Pin<Box<Sleep>>>,
+    /// While buffers may be held: when to look next whether the linger is over. It is the end
+    /// of the linger as it stood when it was set: activity since only moves the real end later,
+    /// and it is set again when it comes early, at most once per linger, so that the driver's
+    /// timer is not moved on every frame.
+    check_at: Option<Instant>,
 }
 
 impl Linger {
     pub(crate) fn new() -> Linger {
         Linger {
             last: Instant::now(),
-            holding: false,
-            sleep: None,
+            check_at: None,
         }
     }
 
     /// The driver read or wrote at `now`.
     pub(crate) fn touch(&mut self, now: Instant) {
         self.last = now;
-        self.holding = true;
+        if self.check_at.is_none() {
+            self.check_at = Some(now + LINGER);
+        }
     }
 
-    /// Whether the session has been quiet for the whole linger while holding buffers: the
-    /// caller gives them back. Otherwise, when it holds some, arranges for `cx` to be woken
-    /// when the linger may be over.
-    pub(crate) fn poll_quiet(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.holding {
-            return false;
-        }
-        let due = self.last + LINGER;
-        if Instant::now() >= due {
-            self.holding = false;
-            self.sleep = None;
-            return true;
-        }
-        match &mut self.sleep {
-            Some(sleep) => {
-                if sleep.as_mut().poll(cx).is_ready() {
-                    // It fired for an earlier end of the linger.
-                    sleep.as_mut().reset(due);
-                    let _ = sleep.as_mut().poll(cx);
+    /// Whether, as of `now`, the session has been quiet for the whole linger while holding
+    /// buffers: the caller gives them back.
+    pub(crate) fn quiet(&mut self, now: Instant) -> bool {
+        match self.check_at {
+            Some(at) if now >= at => {
+                let due = self.last + LINGER;
+                if now >= due {
+                    self.check_at = None;
+                    return true;
                 }
+                self.check_at = Some(due);
+                false
             }
-            None => {
-                let mut sleep = Box::pin(tokio::time::sleep_until(due));
-                let _ = sleep.as_mut().poll(cx);
-                self.sleep = Some(sleep);
-            }
+            _ => false,
         }
-        false
+    }
+
+    /// When the driver must look again, if it holds buffers.
+    pub(crate) fn next_check(&self) -> Option<Instant> {
+        self.check_at
     }
 }

@@ -39,6 +39,12 @@ pub(crate) struct Cursor {
     in_splice: usize,
 }
 
+impl Default for OutQueue {
+    fn default() -> OutQueue {
+        OutQueue::new()
+    }
+}
+
 impl OutQueue {
     pub(crate) fn new() -> OutQueue {
         OutQueue {
@@ -96,11 +102,6 @@ impl OutQueue {
         self.bytes.clear();
         self.spliced.clear();
         self.spliced_len = 0;
-    }
-
-    /// Empties the queue and gives its buffers back to the allocator.
-    pub(crate) fn release(&mut self) {
-        *self = OutQueue::new();
     }
 
     /// Bytes the queue can hold without growing (for tests).

@@ -15,9 +15,15 @@ use tokio::time::Instant;
 use super::core::recv_buf::Source;
 
 /// Reads go into buffers of up to this size, so one read can take several full frames. A
-/// session starts with `MIN_SPACE` and grows to this only while reads fill the buffer, so idle
+/// session starts with `START` and grows to this only while reads fill the buffer, so idle
 /// sessions stay small.
 pub(crate) const MAX_SIZE: usize = 128 * 1024;
+/// The first buffer of a new session, and of one woken after its buffers were given back: room
+/// for a few small frames. A session that trades small messages never needs more, and the
+/// buffer it frees when it goes quiet is a small hole in the heap, not 8 KiB of partly used
+/// pages that the allocator cannot return (`benches/idle_sessions.rs`). The first read that
+/// fills it moves the session to full-size buffers.
+const START: usize = 1024;
 /// The largest partial frame carried over to a new buffer at the default payload limit.
 const PARTIAL_MAX: usize = crate::frame::MAX_PAYLOAD + crate::frame::HEADER_LEN;
 /// A new buffer is used once less than this is left in the current one.
@@ -32,15 +38,21 @@ const SPARE_LINGER: Duration = Duration::from_secs(1);
 
 pub(crate) struct ReadBuffer {
     buf: BytesMut,
-    spares: Vec<BytesMut>,
-    /// How much room the next buffer gets, between `MIN_SPACE` and `MAX_SIZE`.
+    /// Made by the first switch to another buffer: a session that only trades small messages
+    /// never has them, and its driver's task is smaller by this much.
+    spares: Option<Box<Spares>>,
+    /// How much room the next buffer gets, between `START` and `MAX_SIZE`.
     size: usize,
-    /// When the driver last moved to another buffer.
-    last_switch: Option<Instant>,
     /// The current buffer's number and size, for the core's account of pinned buffers.
     source: Source,
     /// No buffer is allocated: none yet, or it was given back while the session was quiet.
     released: bool,
+}
+
+struct Spares {
+    buffers: Vec<BytesMut>,
+    /// When the driver last moved to another buffer.
+    last_switch: Instant,
 }
 
 impl ReadBuffer {
@@ -48,9 +60,8 @@ impl ReadBuffer {
         ReadBuffer {
             // Allocated by the first read (see `prepare`).
             buf: BytesMut::new(),
-            spares: Vec::new(),
-            size: MIN_SPACE,
-            last_switch: None,
+            spares: None,
+            size: START,
             source: Source {
                 generation: 0,
                 capacity: 0,
@@ -81,12 +92,14 @@ impl ReadBuffer {
             // with a buffer sized for the largest partial frame (a session woken by a
             // keepalive reads 8 bytes).
             self.released = false;
-            self.buf = BytesMut::with_capacity(MIN_SPACE.max(missing));
+            self.buf = BytesMut::with_capacity(START.max(missing));
             self.next_source();
             return self.space();
         }
         let room = self.size.max(missing);
-        if self.space() < MIN_SPACE.max(missing) && !self.buf.try_reclaim(room) {
+        // A small first buffer is read into until half of it is used.
+        let least = MIN_SPACE.min(self.size / 2).max(missing);
+        if self.space() < least && !self.buf.try_reclaim(room) {
             self.switch(room);
         }
         self.space()
@@ -102,22 +115,21 @@ impl ReadBuffer {
     /// driver, so this runs even when nothing more arrives.)
     pub(crate) fn drained(&mut self) {
         if self
-            .last_switch
-            .is_some_and(|at| at.elapsed() >= SPARE_LINGER)
+            .spares
+            .as_ref()
+            .is_some_and(|spares| spares.last_switch.elapsed() >= SPARE_LINGER)
         {
-            self.spares.clear();
-            self.last_switch = None;
+            self.spares = None;
         }
     }
 
     /// Gives the buffers back to the allocator: the session has gone quiet (see
     /// `session::linger`). A partial frame keeps only its own bytes, in a buffer of their size;
-    /// the next read starts at `MIN_SPACE`, as a new session's does. Slices already handed to
+    /// the next read starts at `START`, as a new session's does. Slices already handed to
     /// streams keep their buffer alive until they are read, as always.
     pub(crate) fn release(&mut self) {
-        self.spares = Vec::new();
-        self.last_switch = None;
-        self.size = MIN_SPACE;
+        self.spares = None;
+        self.size = START;
         if self.buf.is_empty() {
             self.buf = BytesMut::new();
             self.released = true;
@@ -131,7 +143,12 @@ impl ReadBuffer {
     /// Bytes held: the current buffer and the spares, for tests.
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
-        self.buf.capacity() + self.spares.iter().map(BytesMut::capacity).sum::<usize>()
+        self.buf.capacity() + self.spare_buffers().map(BytesMut::capacity).sum::<usize>()
+    }
+
+    #[cfg(test)]
+    fn spare_buffers(&self) -> impl Iterator<Item = &BytesMut> {
+        self.spares.iter().flat_map(|spares| &spares.buffers)
     }
 
     /// The current buffer is a new one: payloads decoded from now on pin it, not the last.
@@ -151,21 +168,31 @@ impl ReadBuffer {
     fn switch(&mut self, room: usize) {
         // Room for the partial frame and a full read: at most 64 KiB + 8 + `MAX_SIZE`.
         let need = self.buf.len() + room;
-        let free = self.spares.iter_mut().position(|b| b.try_reclaim(need));
+        let now = Instant::now();
+        let spares = self.spares.get_or_insert_with(|| {
+            Box::new(Spares {
+                buffers: Vec::new(),
+                last_switch: now,
+            })
+        });
+        let free = spares.buffers.iter_mut().position(|b| b.try_reclaim(need));
         let mut next = match free {
-            Some(index) => self.spares.swap_remove(index),
+            Some(index) => spares.buffers.swap_remove(index),
+            // Growing from `START`: the next size up, so that a session trading messages of a
+            // few KiB gets buffers of their size.
+            None if self.size < MIN_SPACE => BytesMut::with_capacity(need.max(self.size)),
             // Sized for the largest partial frame, so that any spare can serve any switch.
             None => BytesMut::with_capacity(need.max(self.size + PARTIAL_MAX)),
         };
         next.extend_from_slice(&self.buf);
-        self.last_switch = Some(Instant::now());
+        spares.last_switch = now;
         let mut retired = std::mem::replace(&mut self.buf, next);
-        self.next_source();
         retired.clear();
-        if self.spares.len() == SPARES {
-            self.spares.remove(0);
+        if spares.buffers.len() == SPARES {
+            spares.buffers.remove(0);
         }
-        self.spares.push(retired);
+        spares.buffers.push(retired);
+        self.next_source();
     }
 }
 
@@ -175,7 +202,7 @@ mod tests {
 
     fn fill(buffer: &mut ReadBuffer, n: usize) {
         let room = buffer.prepare(0);
-        assert!(room >= n.min(MIN_SPACE));
+        assert!(room >= n.min(START));
         buffer.get_mut().extend_from_slice(&vec![7; n.min(room)]);
     }
 
@@ -200,10 +227,50 @@ mod tests {
     fn keeps_a_partial_frame_across_a_switch() {
         let mut buffer = ReadBuffer::new();
         fill(&mut buffer, MIN_SPACE);
-        let _pinned = buffer.get_mut().split_to(MIN_SPACE - 3).freeze();
+        let filled = buffer.get_mut().len();
+        let _pinned = buffer.get_mut().split_to(filled - 3).freeze();
         let room = buffer.prepare(0);
-        assert!(room >= MIN_SPACE);
+        assert!(room >= START);
         assert_eq!(&buffer.get_mut()[..], &[7, 7, 7]);
+    }
+
+    #[test]
+    fn small_frames_never_need_more_than_the_first_buffer() {
+        let mut buffer = ReadBuffer::new();
+        buffer.prepare(0);
+        let first = buffer.source();
+        for _ in 0..1000 {
+            let room = buffer.prepare(0);
+            assert!(room >= 100);
+            buffer.get_mut().extend_from_slice(&[7; 100]);
+            // Decoded, and its short payloads copied out.
+            drop(buffer.get_mut().split_to(100));
+        }
+        assert_eq!(
+            buffer.source().generation,
+            first.generation,
+            "no other buffer"
+        );
+        assert_eq!(first.capacity, START);
+        assert!(buffer.spares.is_none());
+    }
+
+    #[test]
+    fn reads_that_fill_the_buffer_grow_it_step_by_step_then_to_full_size() {
+        let mut buffer = ReadBuffer::new();
+        let mut rooms = Vec::new();
+        for _ in 0..5 {
+            let room = buffer.prepare(0);
+            rooms.push(room);
+            buffer.get_mut().extend_from_slice(&vec![7; room]);
+            buffer.filled();
+            drop(buffer.get_mut().split());
+        }
+        assert_eq!(&rooms[..3], &[START, 2 * START, 4 * START]);
+        assert!(
+            rooms[3] >= PARTIAL_MAX && rooms[4] >= PARTIAL_MAX,
+            "{rooms:?}"
+        );
     }
 
     #[test]
@@ -234,7 +301,7 @@ mod tests {
         assert_eq!(buffer.capacity(), 0);
         assert_eq!(
             buffer.prepare(0),
-            MIN_SPACE,
+            START,
             "a woken session reads as a new one does"
         );
     }
@@ -247,11 +314,14 @@ mod tests {
             fill(&mut buffer, MIN_SPACE * 2);
             pins.push(buffer.get_mut().split().freeze());
         }
-        assert!(buffer.spares.len() <= SPARES);
+        assert!(buffer.spare_buffers().count() <= SPARES);
         buffer.drained();
-        assert!(!buffer.spares.is_empty(), "buffers were needed just now");
+        assert!(
+            buffer.spare_buffers().count() > 0,
+            "buffers were needed just now"
+        );
         tokio::time::advance(SPARE_LINGER).await;
         buffer.drained();
-        assert!(buffer.spares.is_empty());
+        assert!(buffer.spares.is_none());
     }
 }

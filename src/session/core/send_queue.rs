@@ -369,6 +369,10 @@ impl SendQueues {
         {
             Ok(at) => at,
             Err(at) => {
+                // Room for one level first: most sessions use one priority (see
+                // `Slab::insert` on why a first allocation is made no larger than needed).
+                self.levels
+                    .reserve_exact(usize::from(self.levels.capacity() == 0));
                 self.levels.insert(
                     at,
                     Level {
@@ -533,6 +537,8 @@ impl SendQueues {
         queue.reset();
         if self.spare_bytes + queue.capacity() <= self.spare_limit {
             self.spare_bytes += queue.capacity();
+            self.spare
+                .reserve_exact(usize::from(self.spare.capacity() == 0));
             self.spare.push(queue);
         }
     }

@@ -38,6 +38,13 @@ impl<T> Slab<T> {
                 *entry = Entry::Occupied(value);
             }
             None => {
+                if self.entries.capacity() == 0 {
+                    // Room for one: most sessions of a server holding thousands have a single
+                    // stream. A first allocation of four (`Vec`'s least) that `shrink` gives
+                    // back later leaves a hole the allocator cannot return to the system
+                    // (`benches/idle_sessions.rs`).
+                    self.entries.reserve_exact(1);
+                }
                 self.entries.push(Entry::Occupied(value));
                 self.next_free = self.entries.len();
             }
@@ -47,8 +54,7 @@ impl<T> Slab<T> {
     }
 
     /// Gives back the room no entry uses: vacant entries at the end, and capacity beyond the
-    /// last entry (a session's first stream makes room for four). Keys of the entries left are
-    /// unchanged.
+    /// last entry. Keys of the entries left are unchanged.
     pub(crate) fn shrink(&mut self) {
         while matches!(self.entries.last(), Some(Entry::Vacant { .. })) {
             self.entries.pop();

@@ -56,9 +56,10 @@ where
     /// CloseMux (what follows stays in the transport, for `into_inner`), at a protocol error,
     /// and at the end of the transport.
     pub(super) fn poll_closing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self
-            .close_deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(self.close_timeout)));
+        let shared = &self.shared;
+        let deadline = self.close_deadline.get_or_insert_with(|| {
+            Box::pin(tokio::time::sleep(shared.lock().config.close_timeout))
+        });
         if deadline.as_mut().poll(cx).is_ready() {
             let error = (self.phase != Phase::Draining).then(|| {
                 Error::Transport(Arc::new(std::io::Error::new(
@@ -78,7 +79,7 @@ where
                 );
             if transport_dead {
                 // What was queued cannot be written: a failed write is reported by `close`.
-                let failed = self.write_failed.as_ref().map(|(error, _)| error.clone());
+                let failed = self.write_failed.as_deref().map(|(error, _)| error.clone());
                 self.finish(failed);
                 return Poll::Ready(());
             }

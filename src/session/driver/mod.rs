@@ -25,24 +25,21 @@ mod timers;
 mod write;
 
 use self::timers::Timer;
-use self::write::{FIRST_BUDGET, MIN_BUDGET};
+use self::write::{WriteBatch, FIRST_BUDGET, MIN_BUDGET};
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 use crate::codec::FrameCodec;
 use crate::error::Error;
-use crate::session::core::{Batch, Shared};
+use crate::session::core::Shared;
 use crate::session::linger::Linger;
-use crate::session::out_queue::{Cursor, OutQueue};
 use crate::session::read_buf::ReadBuffer;
 
 /// Drives a session: reads, writes and times its transport. Created by
@@ -60,22 +57,11 @@ pub struct Connection<T> {
     read_buf: ReadBuffer,
     /// When the session has gone quiet and gives its buffers back.
     linger: Linger,
-    /// The batch being written: its control frames, written first…
-    control_buf: Vec<u8>,
-    control_done: usize,
-    /// …then its data, frames taken from the streams' send queues (see `SendQueues::take`).
-    write_buf: OutQueue,
-    written: Cursor,
-    /// Where the batch lies in the core's queues, and how much of its data is written.
-    batch: Batch,
-    batch_data_done: u64,
-    /// Where frames of the batch start (some of them): where control frames may go in.
-    boundaries: VecDeque<u64>,
+    /// The batch being written and its buffers: made by the first batch, dropped when the
+    /// session goes quiet (see `WriteBatch`).
+    write: Option<Box<WriteBatch>>,
     /// Control frames were queued after the batch was taken: they go at the next boundary.
     control_waiting: bool,
-    /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
-    /// releases the queues' memory.
-    large_batch_at: Option<Instant>,
     /// The core's count of direct writes when the driver last looked: writes it did not make
     /// are activity too (see `session::direct`).
     direct_writes: u32,
@@ -97,14 +83,14 @@ pub struct Connection<T> {
     read_closed: bool,
     /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
     peer_closed: bool,
-    write_stall_timeout: Option<Duration>,
     /// Keepalive and idle timers, counting from the first poll.
     keepalive: Option<Timer>,
     idle: Option<Timer>,
     /// Twice the keepalive interval a peer of this crate announced: silence that long means
     /// it is dead (see `Error::KeepaliveTimeout`). Set once its greeting has come.
     liveness: Option<Timer>,
-    /// Wakes the driver when one of the three timers above must look again (see `Timer`).
+    /// Wakes the driver when one of the three timers above, or the linger, must look again
+    /// (see `Timer`).
     timer_sleep: Option<Pin<Box<Sleep>>>,
     /// The peer's kind is known, so `liveness` is settled.
     peer_known: bool,
@@ -113,9 +99,10 @@ pub struct Connection<T> {
     stall: Option<Pin<Box<Sleep>>>,
     stall_armed: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
-    close_timeout: Duration,
-    /// A write to the transport failed: why, and until when the driver reads on.
-    write_failed: Option<(Error, Pin<Box<Sleep>>)>,
+    /// A write to the transport failed: why, and until when the driver reads on. Boxed, as
+    /// the timeouts are left in the configuration, to keep the driver's task small (see
+    /// `WriteBatch`).
+    write_failed: Option<Box<(Error, Pin<Box<Sleep>>)>>,
     /// `gomux{session, role}`, entered while the driver runs.
     #[cfg(feature = "tracing")]
     span: tracing::Span,
@@ -161,13 +148,7 @@ where
         let c = &inner.config;
         crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
         let max_budget = c.write_buffer_size.max(MIN_BUDGET);
-        let (max_payload, keepalive, idle, stall, close_timeout) = (
-            c.max_payload,
-            c.keepalive_interval,
-            c.idle_timeout,
-            c.write_stall_timeout,
-            c.close_timeout,
-        );
+        let (max_payload, keepalive, idle) = (c.max_payload, c.keepalive_interval, c.idle_timeout);
         #[cfg(feature = "tracing")]
         let span = tracing::debug_span!("gomux", session = inner.id, role = ?inner.role);
         drop(inner);
@@ -178,15 +159,8 @@ where
             codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
             read_buf: ReadBuffer::new(),
             linger: Linger::new(),
-            control_buf: Vec::new(),
-            control_done: 0,
-            write_buf: OutQueue::new(),
-            written: Cursor::default(),
-            batch: Batch::default(),
-            batch_data_done: 0,
-            boundaries: VecDeque::new(),
+            write: None,
             control_waiting: false,
-            large_batch_at: None,
             direct_writes: 0,
             unflushed: false,
             budget: FIRST_BUDGET.min(max_budget),
@@ -198,9 +172,8 @@ where
             read_paused: false,
             read_closed: false,
             peer_closed: false,
-            write_stall_timeout: stall,
             keepalive: keepalive.map(Timer::new),
-            idle: idle.map(Timer::silence),
+            idle: idle.map(Timer::new),
             liveness: None,
             timer_sleep: None,
             peer_known: false,
@@ -208,7 +181,6 @@ where
             stall: None,
             stall_armed: false,
             close_deadline: None,
-            close_timeout,
             write_failed: None,
             #[cfg(feature = "tracing")]
             span,
@@ -296,18 +268,18 @@ where
             if this.phase != Phase::Active {
                 continue;
             }
-            match &mut this.write_failed {
+            match this.write_failed.as_deref_mut() {
                 None => {
                     if let Poll::Ready(Err(error)) = this.poll_write_out(cx) {
                         // The peer may have sent data, even its CloseMux, before the connection
                         // failed: read on until the transport ends (for at most the close
                         // timeout), so that none of it is lost. Writes go nowhere meanwhile.
-                        let deadline = Box::pin(tokio::time::sleep(this.close_timeout));
                         let mut inner = this.shared.lock();
+                        let deadline = Box::pin(tokio::time::sleep(inner.config.close_timeout));
                         inner.transport_write_failed(error.clone(), &mut this.wakers);
                         drop(inner);
                         this.wake_collected();
-                        this.write_failed = Some((error, deadline));
+                        this.write_failed = Some(Box::new((error, deadline)));
                         continue;
                     }
                 }
@@ -324,9 +296,6 @@ where
             this.check_end();
             if this.phase != Phase::Active {
                 continue;
-            }
-            if this.linger.poll_quiet(cx) {
-                this.release_buffers();
             }
             if more_to_read {
                 cx.waker().wake_by_ref();
@@ -404,7 +373,11 @@ mod tests {
             _ = &mut connection => panic!("the session ended"),
         };
         let held = |connection: &Connection<_>| {
-            connection.write_buf.capacity() + connection.shared.lock().data_capacity()
+            connection
+                .write
+                .as_ref()
+                .map_or(0, |w| w.write_buf.capacity())
+                + connection.shared.lock().data_capacity()
         };
         // The driver writes out what is queued, and runs again as the timeout expires.
         let _ = tokio::time::timeout(super::write::QUEUE_LINGER / 2, &mut connection).await;

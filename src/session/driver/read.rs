@@ -64,7 +64,7 @@ where
                 }
                 Poll::Ready(Ok(0)) => {
                     self.read_closed = true;
-                    let error = if let Some((error, _)) = &self.write_failed {
+                    let error = if let Some((error, _)) = self.write_failed.as_deref() {
                         error.clone()
                     } else if self.read_buf.is_empty() && !self.codec.in_frame() {
                         Error::ConnectionClosed
@@ -174,7 +174,7 @@ where
                 keepalive: Some(interval),
             } => {
                 self.peer_known = true;
-                self.liveness = Some(Timer::silence(interval.saturating_mul(2)));
+                self.liveness = Some(Timer::new(interval.saturating_mul(2)));
             }
             PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
         }

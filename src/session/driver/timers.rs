@@ -1,8 +1,6 @@
 //! Timers: keepalive, idle timeout, the peer's liveness, the write stall; and the buffers a
 //! quiet session gives back.
 
-use std::collections::VecDeque;
-
 use super::Connection;
 use std::future::Future;
 use std::task::Context;
@@ -13,7 +11,6 @@ use tokio::time::Instant;
 
 use crate::config::deadline_after;
 use crate::error::Error;
-use crate::session::out_queue::Cursor;
 
 /// How long a silence timer (idle timeout, the peer's keepalive) waits, once it has expired,
 /// before it believes it: a process resumed after a pause (a VM paused, a debugger, a laptop
@@ -22,15 +19,13 @@ use crate::session::out_queue::Cursor;
 const SILENCE_CONFIRM: Duration = Duration::from_millis(50);
 
 /// A periodic check: fires `interval` after the last activity. The timers share one `Sleep`
-/// (`Connection::timer_sleep`), set to the earliest moment one of them must look again: a
-/// `Sleep` is a boxed 112 bytes, which every idle session would otherwise hold two or three
-/// of (`benches/idle_sessions.rs`).
+/// (`Connection::timer_sleep`) with the linger (`session::linger`), set to the earliest moment
+/// one of them must look again: a `Sleep` is a boxed 112 bytes, which every session would
+/// otherwise hold two or three of (`benches/idle_sessions.rs`), and make again each time it
+/// goes quiet.
 pub(super) struct Timer {
     interval: Duration,
     pub(super) last: Instant,
-    /// A silence timer, which fires only if nothing arrived for [`SILENCE_CONFIRM`] more after
-    /// it expired.
-    silence: bool,
     /// For a silence timer that expired: when it believes it.
     confirm_at: Option<Instant>,
 }
@@ -40,28 +35,21 @@ impl Timer {
         Timer {
             interval,
             last: Instant::now(),
-            silence: false,
             confirm_at: None,
         }
     }
 
-    /// A timer of the peer's silence, see [`SILENCE_CONFIRM`].
-    pub(super) fn silence(interval: Duration) -> Timer {
-        Timer {
-            silence: true,
-            ..Timer::new(interval)
-        }
-    }
-
     /// Whether `interval` has passed since the last activity, as of `now`; a periodic timer
-    /// then starts its next interval.
-    fn expired(&mut self, now: Instant) -> bool {
+    /// then starts its next interval. A timer of the peer's `silence` (the idle timeout, the
+    /// peer's liveness) fires only if nothing arrived for [`SILENCE_CONFIRM`] more after it
+    /// expired.
+    fn expired(&mut self, now: Instant, silence: bool) -> bool {
         if now < deadline_after(self.last, self.interval) {
             // Something happened since it expired, if it had.
             self.confirm_at = None;
             return false;
         }
-        if self.silence {
+        if silence {
             match self.confirm_at {
                 None => {
                     self.confirm_at = Some(now + SILENCE_CONFIRM);
@@ -112,19 +100,27 @@ where
                 break;
             }
             let now = Instant::now();
-            if self.idle.as_mut().is_some_and(|t| t.expired(now)) {
+            if self.idle.as_mut().is_some_and(|t| t.expired(now, true)) {
                 self.end(Error::IdleTimeout, true);
             }
-            if self.liveness.as_mut().is_some_and(|t| t.expired(now)) {
+            if self.liveness.as_mut().is_some_and(|t| t.expired(now, true)) {
                 self.end(Error::KeepaliveTimeout, true);
             }
-            if self.keepalive.as_mut().is_some_and(|t| t.expired(now)) {
+            if self
+                .keepalive
+                .as_mut()
+                .is_some_and(|t| t.expired(now, false))
+            {
                 self.shared.lock().queue_keepalive();
+            }
+            if self.linger.quiet(now) {
+                self.release_buffers();
             }
             let next = [&self.idle, &self.liveness, &self.keepalive]
                 .into_iter()
                 .flatten()
                 .map(Timer::next_check)
+                .chain(self.linger.next_check())
                 .min();
             let Some(next) = next else {
                 self.timer_sleep = None;
@@ -148,7 +144,8 @@ where
         if self.poll_stalled(cx) {
             self.stall_armed = false;
             let error = Error::WriteStalled;
-            self.write_failed = Some((error.clone(), Box::pin(tokio::time::sleep(Duration::ZERO))));
+            let deadline = Box::pin(tokio::time::sleep(Duration::ZERO));
+            self.write_failed = Some(Box::new((error.clone(), deadline)));
             let mut inner = self.shared.lock();
             inner.transport_write_failed(error.clone(), &mut self.wakers);
             inner.end(error, false, &mut self.wakers);
@@ -162,12 +159,7 @@ where
     pub(super) fn release_buffers(&mut self) {
         self.read_buf.release();
         if self.batch_written() {
-            self.write_buf.release();
-            self.written = Cursor::default();
-            self.control_buf = Vec::new();
-            self.control_done = 0;
-            self.boundaries = VecDeque::new();
-            self.large_batch_at = None;
+            self.write = None;
         }
         self.wakers = Vec::new();
         self.shared.lock().release_buffers();

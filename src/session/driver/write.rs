@@ -1,6 +1,7 @@
 //! The write side: batches taken from the core, written as the transport takes them.
 
 use super::Connection;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -12,7 +13,8 @@ use tokio::time::Instant;
 
 use crate::config::deadline_after;
 use crate::error::Error;
-use crate::session::out_queue::{Cursor, MAX_SLICES};
+use crate::session::core::Batch;
+use crate::session::out_queue::{Cursor, OutQueue, MAX_SLICES};
 
 /// Outgoing queues grow to the largest batch written (up to about `write_buffer_size`, twice:
 /// the queue being filled and the batch being written) and keep that capacity while traffic
@@ -33,6 +35,34 @@ pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 pub(super) const MIN_BUDGET: usize = 8 * 1024;
 pub(super) const FIRST_BUDGET: usize = 64 * 1024;
 
+/// The batch being written, and the buffers it is built in. Kept apart from the driver, and
+/// dropped with the other buffers when the session goes quiet (see `session::linger`), or when
+/// a large batch's buffers are released: an idle session's task is then smaller by this much
+/// (`benches/idle_sessions.rs`).
+#[derive(Default)]
+pub(super) struct WriteBatch {
+    /// Its control frames, written first…
+    control_buf: Vec<u8>,
+    control_done: usize,
+    /// …then its data, frames taken from the streams' send queues (see `SendQueues::take`).
+    pub(super) write_buf: OutQueue,
+    written: Cursor,
+    /// Where the batch lies in the core's queues, and how much of its data is written.
+    batch: Batch,
+    batch_data_done: u64,
+    /// Where frames of the batch start (some of them): where control frames may go in.
+    boundaries: VecDeque<u64>,
+    /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
+    /// releases the buffers.
+    large_batch_at: Option<Instant>,
+}
+
+impl WriteBatch {
+    fn is_written(&self) -> bool {
+        self.control_done == self.control_buf.len() && self.write_buf.is_written(&self.written)
+    }
+}
+
 impl<T> Connection<T>
 where
     T: AsyncRead + AsyncWrite + Unpin,
@@ -40,7 +70,7 @@ where
     // Writing.
 
     pub(super) fn batch_written(&self) -> bool {
-        self.control_done == self.control_buf.len() && self.write_buf.is_written(&self.written)
+        self.write.as_deref().is_none_or(WriteBatch::is_written)
     }
 
     /// Writes queued frames until the transport would block or nothing is queued, then flushes.
@@ -65,8 +95,10 @@ where
                     if let Some(keepalive) = &mut self.keepalive {
                         keepalive.last = now;
                     }
-                    if self.large_batch_at.is_some() {
-                        self.large_batch_at = Some(now);
+                    if let Some(write) = self.write.as_deref_mut() {
+                        if write.large_batch_at.is_some() {
+                            write.large_batch_at = Some(now);
+                        }
                     }
                 }
                 if inner.direct_busy() {
@@ -90,37 +122,32 @@ where
                     if waiting {
                         cx.waker().wake_by_ref();
                     }
-                    if self
-                        .large_batch_at
-                        .is_some_and(|at| at.elapsed() >= QUEUE_LINGER)
-                    {
-                        self.large_batch_at = None;
+                    let large_at = self.write.as_ref().and_then(|w| w.large_batch_at);
+                    if large_at.is_some_and(|at| at.elapsed() >= QUEUE_LINGER) {
                         inner.release_data_buffers();
-                        self.write_buf.release();
-                        self.written = Cursor::default();
-                        self.control_buf = Vec::new();
-                        self.control_done = 0;
+                        self.write = None;
                     }
                     drop(inner);
                     self.wake_collected();
                     break;
                 }
-                self.control_buf.clear();
-                self.control_done = 0;
-                self.write_buf.clear();
-                self.written = Cursor::default();
-                self.batch_data_done = 0;
-                self.boundaries.clear();
+                let write = self.write.get_or_insert_with(Box::default);
+                write.control_buf.clear();
+                write.control_done = 0;
+                write.write_buf.clear();
+                write.written = Cursor::default();
+                write.batch_data_done = 0;
+                write.boundaries.clear();
                 if !self.pushed_back {
                     self.budget = (self.budget * 2).min(self.max_budget);
                 }
                 self.pushed_back = false;
-                self.batch = inner.take_batch(
+                write.batch = inner.take_batch(
                     Instant::now(),
                     self.budget,
-                    &mut self.control_buf,
-                    &mut self.write_buf,
-                    &mut self.boundaries,
+                    &mut write.control_buf,
+                    &mut write.write_buf,
+                    &mut write.boundaries,
                     &mut self.wakers,
                 );
                 self.control_waiting = false;
@@ -130,8 +157,12 @@ where
                 continue;
             }
             let data_limit = self.control_in_batch();
+            let Some(write) = self.write.as_deref() else {
+                // Not reached: a batch not yet written is held.
+                break;
+            };
             let io = Pin::new(&mut self.io);
-            let control = &self.control_buf[self.control_done..];
+            let control = &write.control_buf[write.control_done..];
             let result = if io.is_write_vectored() {
                 let mut slices = [IoSlice::new(&[]); MAX_SLICES];
                 let mut count = 0;
@@ -139,14 +170,14 @@ where
                     slices[0] = IoSlice::new(control);
                     count = 1;
                 }
-                count += self
+                count += write
                     .write_buf
-                    .slices(&self.written, &mut slices[count..], data_limit);
+                    .slices(&write.written, &mut slices[count..], data_limit);
                 io.poll_write_vectored(cx, &slices[..count])
             } else if !control.is_empty() {
                 io.poll_write(cx, control)
             } else {
-                let next = self.write_buf.next_slice(&self.written);
+                let next = write.write_buf.next_slice(&write.written);
                 io.poll_write(cx, &next[..next.len().min(data_limit)])
             };
             match result {
@@ -184,20 +215,23 @@ where
     /// a recorded frame start, the driver takes them now; before one, it writes data only up
     /// to it. Returns how much data the next write may carry.
     pub(super) fn control_in_batch(&mut self) -> usize {
-        if !self.control_waiting || self.control_done < self.control_buf.len() {
+        let Some(write) = self.write.as_deref_mut() else {
+            return usize::MAX;
+        };
+        if !self.control_waiting || write.control_done < write.control_buf.len() {
             return usize::MAX;
         }
-        let at = self.batch.data_start + self.batch_data_done;
-        while self.boundaries.front().is_some_and(|&start| start < at) {
-            self.boundaries.pop_front();
+        let at = write.batch.data_start + write.batch_data_done;
+        while write.boundaries.front().is_some_and(|&start| start < at) {
+            write.boundaries.pop_front();
         }
-        match self.boundaries.front() {
+        match write.boundaries.front() {
             Some(&start) if start == at => {
-                self.control_buf.clear();
-                self.control_done = 0;
+                write.control_buf.clear();
+                write.control_done = 0;
                 let mut inner = self.shared.lock();
-                self.batch.control_end =
-                    inner.take_control(Instant::now(), &mut self.control_buf, &mut self.wakers);
+                write.batch.control_end =
+                    inner.take_control(Instant::now(), &mut write.control_buf, &mut self.wakers);
                 drop(inner);
                 self.wake_collected();
                 self.control_waiting = false;
@@ -211,12 +245,16 @@ where
 
     /// Moves past `n` bytes the transport took, and tells the core.
     pub(super) fn advance(&mut self, n: usize) {
-        let control = n.min(self.control_buf.len() - self.control_done);
-        self.control_done += control;
+        let Some(write) = self.write.as_deref_mut() else {
+            // Not reached: the transport took bytes of a batch held.
+            return;
+        };
+        let control = n.min(write.control_buf.len() - write.control_done);
+        write.control_done += control;
         let data = n - control;
         self.round_taken += n;
-        self.write_buf.advance(&mut self.written, data);
-        self.batch_data_done += data as u64;
+        write.write_buf.advance(&mut write.written, data);
+        write.batch_data_done += data as u64;
         self.unflushed = true;
         self.stall_armed = false;
         let now = Instant::now();
@@ -224,15 +262,15 @@ where
         if let Some(keepalive) = &mut self.keepalive {
             keepalive.last = now;
         }
-        if self.write_buf.len() > QUEUE_KEEP && self.write_buf.is_written(&self.written) {
-            self.large_batch_at = Some(now);
+        if write.write_buf.len() > QUEUE_KEEP && write.write_buf.is_written(&write.written) {
+            write.large_batch_at = Some(now);
         }
-        let control_pos = if self.control_done == self.control_buf.len() {
-            self.batch.control_end
+        let control_pos = if write.control_done == write.control_buf.len() {
+            write.batch.control_end
         } else {
             0
         };
-        let data_pos = self.batch.data_start + self.batch_data_done;
+        let data_pos = write.batch.data_start + write.batch_data_done;
         let mut inner = self.shared.lock();
         inner.written(data_pos, control_pos, n as u64, &mut self.wakers);
         self.control_waiting = inner.control_waiting();
@@ -243,13 +281,13 @@ where
     /// The transport takes nothing of what waits for it: start the write-stall clock, unless
     /// it runs already.
     pub(super) fn arm_stall(&mut self, cx: &mut Context<'_>) {
-        let Some(timeout) = self.write_stall_timeout else {
-            return;
-        };
         if self.stall_armed {
             return;
         }
         self.stall_armed = true;
+        let Some(timeout) = self.shared.lock().config.write_stall_timeout else {
+            return;
+        };
         let deadline = deadline_after(Instant::now(), timeout);
         match &mut self.stall {
             Some(sleep) => sleep.as_mut().reset(deadline),
