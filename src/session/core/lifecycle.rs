@@ -20,10 +20,8 @@ pub(super) struct Lifecycle {
     send_close_mux: bool,
     /// The driver has finished: the transport is closed or abandoned.
     finished: bool,
-    /// A transport error met while closing, reported by `Session::close`.
-    close_error: Option<Error>,
-    /// The transport refused a write, so nothing queued will be sent.
-    write_failed: Option<Error>,
+    /// What went wrong with the transport, once something has (boxed: few sessions need it).
+    transport: Option<Box<TransportErrors>>,
     /// Tasks waiting for the driver to finish.
     close_waiters: WaitList,
     /// Live `Session` handles. When none is left, the session drains (see `draining`).
@@ -38,14 +36,21 @@ pub(super) struct Lifecycle {
     drain_waiters: WaitList,
 }
 
+#[derive(Default)]
+struct TransportErrors {
+    /// A transport error met while closing, reported by `Session::close`.
+    close_error: Option<Error>,
+    /// The transport refused a write, so nothing queued will be sent.
+    write_failed: Option<Error>,
+}
+
 impl Lifecycle {
     pub(super) fn new() -> Lifecycle {
         Lifecycle {
             end: None,
             send_close_mux: false,
             finished: false,
-            close_error: None,
-            write_failed: None,
+            transport: None,
             close_waiters: WaitList::new(),
             session_handles: 1,
             closing_gracefully: false,
@@ -67,12 +72,20 @@ impl Lifecycle {
     }
 
     pub(super) fn write_failed(&self) -> Option<&Error> {
-        self.write_failed.as_ref()
+        self.transport.as_ref()?.write_failed.as_ref()
+    }
+
+    fn close_error(&self) -> Option<&Error> {
+        self.transport.as_ref()?.close_error.as_ref()
+    }
+
+    fn transport_errors(&mut self) -> &mut TransportErrors {
+        self.transport.get_or_insert_with(Box::default)
     }
 
     /// The error a new operation fails with: the session's end, or a refused transport write.
     pub(super) fn unusable(&self) -> Option<&Error> {
-        self.end.as_ref().or(self.write_failed.as_ref())
+        self.end.as_ref().or_else(|| self.write_failed())
     }
 
     /// Whether the session takes no new streams and closes once its last one is gone: it is
@@ -155,7 +168,7 @@ impl Inner {
     /// How the session went, once the driver is done: `Ok` after a graceful close by either side
     /// whose final writes and shutdown succeeded, otherwise the error.
     pub(crate) fn outcome(&self) -> Result<(), Error> {
-        if let Some(error) = &self.life.close_error {
+        if let Some(error) = self.life.close_error() {
             return Err(error.clone());
         }
         match &self.life.end {
@@ -167,18 +180,18 @@ impl Inner {
     /// Records that the transport refused a write: everything waiting to write or for its
     /// bytes to be written is woken to fail.
     pub(crate) fn transport_write_failed(&mut self, error: Error, wakers: &mut Vec<Waker>) {
-        if self.life.write_failed.is_some() {
+        if self.life.write_failed().is_some() {
             return;
         }
-        self.life.write_failed = Some(error);
+        self.life.transport_errors().write_failed = Some(error);
         self.wake_all_outgoing(wakers);
     }
 
     /// Marks the driver finished (with the transport error met while closing, if any) and
     /// wakes those waiting for it.
     pub(crate) fn finish(&mut self, close_error: Option<Error>, wakers: &mut Vec<Waker>) {
-        if self.life.close_error.is_none() {
-            self.life.close_error = close_error;
+        if let Some(error) = close_error.filter(|_| self.life.close_error().is_none()) {
+            self.life.transport_errors().close_error = Some(error);
         }
         self.life.finished = true;
         self.life.close_waiters.wake_all(wakers);

@@ -78,7 +78,7 @@ pub(crate) struct DirectBatch {
 enum RoomWaiter {
     /// A stream's writer, for `want` bytes.
     Stream { key: usize, id: u32, want: usize },
-    /// An `open`, by its slot in `Outgoing::openers`.
+    /// An `open`, by its slot in `Waits::openers`.
     Open { slot: usize },
 }
 
@@ -112,7 +112,8 @@ pub(super) struct Outgoing {
     /// Control-queue positions (entries ever queued): queued, and written.
     control_pushed: u64,
     control_written: u64,
-    room: VecDeque<RoomWaiter>,
+    /// Who waits on the outgoing side; made by the first to wait.
+    waits: Option<Box<Waits>>,
     /// Room promised to the waiters woken for it and not used yet: nobody else may take it,
     /// or a writer that never waited would take it from them every time (a bulk writer kept
     /// every other stream out: `tests/core_findings_a.rs`, `*_gets_its_turn`).
@@ -120,10 +121,6 @@ pub(super) struct Outgoing {
     /// Grants of earlier epochs are void; the epoch moves on when the driver finds room
     /// unclaimed (the woken tasks may have been cancelled).
     grant_epoch: u8,
-    openers: Slab<Opener>,
-    /// Tasks waiting for a close of their stream in the control queue to be written: its
-    /// position (wrapping), the stream. Positions only grow, so the oldest is first.
-    flush_control: VecDeque<(u32, usize, u32)>,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
     /// The buffer a direct write's control frames are taken into, lent to the writer; its
@@ -144,6 +141,18 @@ pub(super) struct Outgoing {
     direct_writes: u32,
 }
 
+/// The tasks waiting on the outgoing side: writers and openers for room in the send queues,
+/// streams for their closes to be written. Boxed apart, made by the first wait and dropped when
+/// the session goes quiet with nobody waiting, so that an idle session does not carry it.
+#[derive(Default)]
+struct Waits {
+    room: VecDeque<RoomWaiter>,
+    openers: Slab<Opener>,
+    /// Tasks waiting for a close of their stream in the control queue to be written: its
+    /// position (wrapping), the stream. Positions only grow, so the oldest is first.
+    flush_control: VecDeque<(u32, usize, u32)>,
+}
+
 impl Outgoing {
     pub(super) fn new(write_buffer_size: usize) -> Outgoing {
         Outgoing {
@@ -155,11 +164,9 @@ impl Outgoing {
             control: VecDeque::new(),
             control_pushed: 0,
             control_written: 0,
-            room: VecDeque::new(),
+            waits: None,
             reserved: 0,
             grant_epoch: 0,
-            openers: Slab::new(),
-            flush_control: VecDeque::new(),
             bytes_written: 0,
             direct_control: Vec::new(),
             direct_busy: false,
@@ -205,8 +212,23 @@ impl Outgoing {
 
     /// Whether the control queue is written up to `mark` (a wrapping position).
     fn control_written_to(&self, mark: u32) -> bool {
-        (self.control_written as u32).wrapping_sub(mark) < 1 << 31
+        control_written_to(self.control_written, mark)
     }
+
+    /// Whether writers or openers wait for room.
+    fn room_waiting(&self) -> bool {
+        self.waits.as_ref().is_some_and(|w| !w.room.is_empty())
+    }
+
+    fn waits(&mut self) -> &mut Waits {
+        self.waits.get_or_insert_with(Box::default)
+    }
+}
+
+/// Whether the control queue is written up to `mark`, a position (wrapping) in it, as of
+/// `written`.
+fn control_written_to(written: u64, mark: u32) -> bool {
+    (written as u32).wrapping_sub(mark) < 1 << 31
 }
 
 impl Inner {
@@ -217,7 +239,7 @@ impl Inner {
     /// room reserved for woken waiters are below the queue's size, and nobody waits for room
     /// (who did not wait does not go ahead of those who do).
     pub(super) fn data_has_room(&self) -> bool {
-        self.room_free() && self.out.room.is_empty()
+        self.room_free() && !self.out.room_waiting()
     }
 
     /// Whether the data queue and the room reserved are below the queue's size.
@@ -230,7 +252,7 @@ impl Inner {
     /// writer let in that wrote less than its share kept the rest reserved, and an `open`
     /// behind it waited for good: found by the model test, `tests/model.proptest-regressions`.)
     pub(super) fn room_to_hand_out(&self) -> bool {
-        !self.out.room.is_empty() && (self.room_free() || self.out.queues.queued == 0)
+        self.out.room_waiting() && (self.room_free() || self.out.queues.queued == 0)
     }
 
     /// The stream queued a frame of `size` bytes: what it holds of a grant of room is used up
@@ -257,7 +279,8 @@ impl Inner {
     /// Takes the opener's grant of room (one OpenStream's worth), if it holds a live one.
     pub(super) fn take_opener_grant(&mut self, slot: Option<usize>) -> bool {
         let epoch = self.out.grant_epoch;
-        let Some(opener) = slot.and_then(|key| self.out.openers.get_mut(key)) else {
+        let waits = self.out.waits.as_deref_mut();
+        let Some(opener) = slot.and_then(|key| waits?.openers.get_mut(key)) else {
             return false;
         };
         if opener.granted.take() == Some(epoch) {
@@ -721,11 +744,14 @@ impl Inner {
                 stream.wake_writer(WriteWait::Written, wakers);
             }
         }
-        while let Some(&(mark, key, id)) = self.out.flush_control.front() {
-            if !self.out.control_written_to(mark) {
+        let Some(waits) = self.out.waits.as_deref_mut() else {
+            return;
+        };
+        while let Some(&(mark, key, id)) = waits.flush_control.front() {
+            if !control_written_to(self.out.control_written, mark) {
                 break;
             }
-            self.out.flush_control.pop_front();
+            waits.flush_control.pop_front();
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
                 stream.queued.set(Queued::FLUSH, false);
                 stream.wake_writer(WriteWait::Written, wakers);
@@ -747,13 +773,17 @@ impl Inner {
     /// it.
     pub(crate) fn wake_room(&mut self, wakers: &mut Vec<Waker>) -> bool {
         let epoch = self.out.grant_epoch;
+        let out = &mut self.out;
+        let Some(waits) = out.waits.as_deref_mut() else {
+            return false;
+        };
         let mut room = self
             .config
             .write_buffer_size
-            .saturating_sub(self.out.queues.queued + self.out.reserved);
-        let share = room / self.out.room.len().max(1);
+            .saturating_sub(out.queues.queued + out.reserved);
+        let share = room / waits.room.len().max(1);
         while room > 0 {
-            let Some(waiter) = self.out.room.pop_front() else {
+            let Some(waiter) = waits.room.pop_front() else {
                 break;
             };
             match waiter {
@@ -769,11 +799,11 @@ impl Inner {
                     let grant = share.max(want).min(room.max(want));
                     stream.room_grant = RoomGrant::new(grant, epoch);
                     stream.wake_writer(WriteWait::Room, wakers);
-                    self.out.reserved += stream.room_grant.bytes(epoch) as usize;
+                    out.reserved += stream.room_grant.bytes(epoch) as usize;
                     room = room.saturating_sub(grant);
                 }
                 RoomWaiter::Open { slot } => {
-                    let Some(opener) = self.out.openers.get_mut(slot) else {
+                    let Some(opener) = waits.openers.get_mut(slot) else {
                         continue;
                     };
                     if !opener.queued {
@@ -782,16 +812,16 @@ impl Inner {
                     opener.queued = false;
                     opener.granted = Some(epoch);
                     wakers.extend(opener.waker.take());
-                    self.out.reserved += HEADER_LEN;
+                    out.reserved += HEADER_LEN;
                     room = room.saturating_sub(HEADER_LEN);
                 }
             }
         }
-        !self.out.room.is_empty()
+        !waits.room.is_empty()
     }
 
     pub(crate) fn room_waiting(&self) -> bool {
-        !self.out.room.is_empty()
+        self.out.room_waiting()
     }
 
     // -----------------------------------------------------------------------------------------
@@ -806,19 +836,19 @@ impl Inner {
         if !stream.queued.has(Queued::ROOM) {
             stream.queued.set(Queued::ROOM, true);
             let id = stream.id;
-            self.out
-                .room
-                .push_back(RoomWaiter::Stream { key, id, want });
+            let waiter = RoomWaiter::Stream { key, id, want };
+            self.out.waits().room.push_back(waiter);
             self.prune_room();
         }
     }
 
     /// An `open` future waits for room, holding `slot` in the openers until it is dropped.
     pub(super) fn opener_waits(&mut self, slot: &mut Option<usize>, waker: &Waker) {
-        let key = match slot.filter(|&key| self.out.openers.get(key).is_some()) {
+        let waits = self.out.waits();
+        let key = match slot.filter(|&key| waits.openers.get(key).is_some()) {
             Some(key) => key,
             None => {
-                let key = self.out.openers.insert(Opener {
+                let key = waits.openers.insert(Opener {
                     waker: None,
                     queued: false,
                     granted: None,
@@ -827,33 +857,36 @@ impl Inner {
                 key
             }
         };
-        let Some(opener) = self.out.openers.get_mut(key) else {
+        let Some(opener) = waits.openers.get_mut(key) else {
             return;
         };
         register(&mut opener.waker, waker);
         if !opener.queued {
             opener.queued = true;
-            self.out.room.push_back(RoomWaiter::Open { slot: key });
+            waits.room.push_back(RoomWaiter::Open { slot: key });
             self.prune_room();
         }
     }
 
     /// An `open` future is gone: its slot is given back (its queue entry, if any, is skipped).
     pub(crate) fn opener_gone(&mut self, slot: &mut Option<usize>) {
-        if let Some(key) = slot.take() {
-            self.out.openers.remove(key);
+        if let (Some(key), Some(waits)) = (slot.take(), self.out.waits.as_deref_mut()) {
+            waits.openers.remove(key);
         }
     }
 
     /// Drops queue entries of streams and openers that are gone, once they could be half of
     /// the queue, so that the queue stays within twice the futures waiting.
     fn prune_room(&mut self) {
-        let live = self.streams.len() + self.out.openers.len();
-        if self.out.room.len() <= 2 * live + 64 {
+        let Some(waits) = self.out.waits.as_deref_mut() else {
+            return;
+        };
+        let live = self.streams.len() + waits.openers.len();
+        if waits.room.len() <= 2 * live + 64 {
             return;
         }
-        let (streams, openers) = (&self.streams, &self.out.openers);
-        self.out.room.retain(|waiter| match *waiter {
+        let (streams, openers) = (&self.streams, &waits.openers);
+        waits.room.retain(|waiter| match *waiter {
             RoomWaiter::Stream { key, id, .. } => streams
                 .get(key)
                 .is_some_and(|s| s.id == id && s.queued.has(Queued::ROOM)),
@@ -884,7 +917,7 @@ impl Inner {
         if stream.send_queue == NO_QUEUE && !stream.queued.has(Queued::FLUSH) {
             stream.queued.set(Queued::FLUSH, true);
             let entry = (stream.close_mark, key, stream.id);
-            self.out.flush_control.push_back(entry);
+            self.out.waits().flush_control.push_back(entry);
             self.prune_flush();
         }
         false
@@ -893,11 +926,14 @@ impl Inner {
     /// Drops entries of streams that are gone or no longer wait from the flush queue, once
     /// they could be half of it, so that it stays within twice the futures waiting.
     fn prune_flush(&mut self) {
-        if self.out.flush_control.len() <= 2 * self.streams.len() + 64 {
+        let Some(waits) = self.out.waits.as_deref_mut() else {
+            return;
+        };
+        if waits.flush_control.len() <= 2 * self.streams.len() + 64 {
             return;
         }
         let streams = &self.streams;
-        self.out.flush_control.retain(|&(_, key, id)| {
+        waits.flush_control.retain(|&(_, key, id)| {
             streams
                 .get(key)
                 .is_some_and(|s| s.id == id && s.queued.has(Queued::FLUSH))
@@ -913,13 +949,18 @@ impl Inner {
             stream.wake_all(wakers);
         }
         self.wake_openers(wakers);
-        self.out.room.clear();
-        self.out.flush_control.clear();
+        if let Some(waits) = self.out.waits.as_deref_mut() {
+            waits.room.clear();
+            waits.flush_control.clear();
+        }
     }
 
     /// Every `open` waiting for room, to see a change that fails it.
     pub(super) fn wake_openers(&mut self, wakers: &mut Vec<Waker>) {
-        for opener in self.out.openers.iter_mut() {
+        let Some(waits) = self.out.waits.as_deref_mut() else {
+            return;
+        };
+        for opener in waits.openers.iter_mut() {
             opener.queued = false;
             wakers.extend(opener.waker.take());
         }
@@ -934,7 +975,8 @@ impl Inner {
             .iter()
             .filter(|s| s.write_wait == WriteWait::Written)
             .count();
-        (self.out.room.len(), flushing)
+        let room = self.out.waits.as_ref().map_or(0, |w| w.room.len());
+        (room, flushing)
     }
 
     /// Bytes in the send queues, for tests.
@@ -963,14 +1005,10 @@ impl Outgoing {
         if self.control.is_empty() {
             self.control = VecDeque::new();
         }
-        if self.room.is_empty() {
-            self.room = VecDeque::new();
-        }
-        if self.openers.len() == 0 {
-            self.openers = Slab::new();
-        }
-        if self.flush_control.is_empty() {
-            self.flush_control = VecDeque::new();
+        if self.waits.as_ref().is_some_and(|w| {
+            w.room.is_empty() && w.openers.len() == 0 && w.flush_control.is_empty()
+        }) {
+            self.waits = None;
         }
     }
 }

@@ -63,8 +63,14 @@ pub(super) struct Peer {
     /// Streams this side opened that the peer has said nothing about yet (counted whatever the
     /// peer's kind, held against the backlog only while it is not plain).
     pub(super) unacked: usize,
-    /// Opens waiting for the backlog (or for `max_streams`), oldest first, by their slot in
-    /// `waiters`; entries of opens that went away are skipped.
+    /// The opens waiting for the backlog (or for `max_streams`): made by the first, dropped
+    /// when the last has gone, so that a session nobody waits on does not carry it.
+    line: Option<Box<Line>>,
+}
+
+#[derive(Default)]
+struct Line {
+    /// Oldest first, by their slot in `waiters`; entries of opens that went away are skipped.
     queue: VecDeque<usize>,
     waiters: Slab<Option<Waker>>,
 }
@@ -75,8 +81,7 @@ impl Peer {
             kind: PeerKind::Unknown,
             started: now,
             unacked: 0,
-            queue: VecDeque::new(),
-            waiters: Slab::new(),
+            line: None,
         }
     }
 
@@ -116,7 +121,7 @@ impl Peer {
     /// Whether the open holding `slot` is next in line: nobody waits, or it is the oldest.
     pub(super) fn first_in_line(&mut self, slot: Option<usize>) -> bool {
         self.prune();
-        match self.queue.front() {
+        match self.line.as_ref().and_then(|line| line.queue.front()) {
             None => true,
             Some(&front) => slot == Some(front),
         }
@@ -124,40 +129,51 @@ impl Peer {
 
     /// The open holding `slot` waits its turn (taking a slot and a place in line on first use).
     pub(super) fn wait(&mut self, slot: &mut Option<usize>, waker: &Waker) {
-        match slot.and_then(|key| self.waiters.get_mut(key)) {
+        let line = self.line.get_or_insert_with(Box::default);
+        match slot.and_then(|key| line.waiters.get_mut(key)) {
             Some(Some(stored)) if stored.will_wake(waker) => {}
             Some(entry) => *entry = Some(waker.clone()),
             None => {
-                let key = self.waiters.insert(Some(waker.clone()));
+                let key = line.waiters.insert(Some(waker.clone()));
                 *slot = Some(key);
-                self.queue.push_back(key);
+                line.queue.push_back(key);
             }
         }
     }
 
     /// The open holding `slot` is done waiting (it opened, failed, or was dropped).
     pub(super) fn leave(&mut self, slot: &mut Option<usize>) {
-        if let Some(key) = slot.take() {
-            self.waiters.remove(key);
+        if let (Some(key), Some(line)) = (slot.take(), self.line.as_deref_mut()) {
+            line.waiters.remove(key);
         }
         self.prune();
     }
 
-    /// Drops the entries of opens that went away from the front of the line.
+    /// Drops the entries of opens that went away from the front of the line, and the line
+    /// once nobody is in it.
     fn prune(&mut self) {
-        while let Some(&front) = self.queue.front() {
-            if self.waiters.get(front).is_some() {
+        let Some(line) = self.line.as_deref_mut() else {
+            return;
+        };
+        while let Some(&front) = line.queue.front() {
+            if line.waiters.get(front).is_some() {
                 break;
             }
-            self.queue.pop_front();
+            line.queue.pop_front();
+        }
+        if line.queue.is_empty() && line.waiters.len() == 0 {
+            self.line = None;
         }
     }
 
     /// Wakes the open first in line (it opens, then wakes the next if there is room still).
     pub(super) fn wake_next(&mut self, wakers: &mut Vec<Waker>) {
         self.prune();
-        if let Some(&front) = self.queue.front() {
-            if let Some(waker) = self.waiters.get_mut(front).and_then(Option::take) {
+        let Some(line) = self.line.as_deref_mut() else {
+            return;
+        };
+        if let Some(&front) = line.queue.front() {
+            if let Some(waker) = line.waiters.get_mut(front).and_then(Option::take) {
                 wakers.push(waker);
             }
         }
@@ -165,8 +181,11 @@ impl Peer {
 
     /// Wakes every waiting open: the session ended, or the line no longer applies.
     pub(super) fn wake_all(&mut self, wakers: &mut Vec<Waker>) {
-        for &key in &self.queue {
-            if let Some(waker) = self.waiters.get_mut(key).and_then(Option::take) {
+        let Some(line) = self.line.as_deref_mut() else {
+            return;
+        };
+        for &key in &line.queue {
+            if let Some(waker) = line.waiters.get_mut(key).and_then(Option::take) {
                 wakers.push(waker);
             }
         }
@@ -174,13 +193,15 @@ impl Peer {
 
     /// Whether any open waits in line.
     pub(super) fn has_waiting(&self) -> bool {
-        !self.queue.is_empty()
+        self.line
+            .as_ref()
+            .is_some_and(|line| !line.queue.is_empty())
     }
 
     /// Opens waiting, for tests.
     #[cfg(test)]
     pub(super) fn waiting(&self) -> usize {
-        self.waiters.len()
+        self.line.as_ref().map_or(0, |line| line.waiters.len())
     }
 }
 

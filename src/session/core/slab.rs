@@ -14,6 +14,12 @@ enum Entry<T> {
     Vacant { next_free: usize },
 }
 
+impl<T> Default for Slab<T> {
+    fn default() -> Slab<T> {
+        Slab::new()
+    }
+}
+
 impl<T> Slab<T> {
     pub(crate) fn new() -> Slab<T> {
         Slab {
