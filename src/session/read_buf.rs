@@ -189,11 +189,14 @@ impl ReadBuffer {
         next.extend_from_slice(&self.buf);
         spares.last_switch = now;
         let mut retired = std::mem::replace(&mut self.buf, next);
-        retired.clear();
-        if spares.buffers.len() == SPARES {
-            spares.buffers.remove(0);
+        // A buffer the session started with is too small to serve a switch once it grew.
+        if self.source.capacity >= MIN_SPACE {
+            retired.clear();
+            if spares.buffers.len() == SPARES {
+                spares.buffers.remove(0);
+            }
+            spares.buffers.push(retired);
         }
-        spares.buffers.push(retired);
         self.next_source();
     }
 }
@@ -316,6 +319,7 @@ mod tests {
         let mut pins = Vec::new();
         for _ in 0..10 {
             fill(&mut buffer, MIN_SPACE * 2);
+            buffer.filled();
             pins.push(buffer.get_mut().split().freeze());
         }
         assert!(buffer.spare_buffers().count() <= SPARES);

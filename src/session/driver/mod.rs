@@ -25,7 +25,7 @@ mod timers;
 mod write;
 
 use self::timers::Timer;
-use self::write::{WriteBatch, FIRST_BUDGET, MIN_BUDGET};
+use self::write::{Stall, WriteBatch, FIRST_BUDGET, MIN_BUDGET};
 
 use std::fmt;
 use std::future::Future;
@@ -95,8 +95,9 @@ pub struct Connection<T> {
     /// The peer's kind is known, so `liveness` is settled.
     peer_known: bool,
     timers_started: bool,
-    /// Armed while the transport takes none of the bytes waiting for it.
-    stall: Option<Pin<Box<Sleep>>>,
+    /// The write-stall timer (see `Stall`), armed while the transport takes none of the bytes
+    /// waiting for it.
+    stall: Option<Box<Stall>>,
     stall_armed: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
     /// A write to the transport failed: why, and until when the driver reads on. Boxed, as

@@ -161,6 +161,9 @@ where
         if self.batch_written() {
             self.write = None;
         }
+        if !self.stall_armed {
+            self.stall = None;
+        }
         self.wakers = Vec::new();
         self.shared.lock().release_buffers();
     }

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::config::deadline_after;
 use crate::error::Error;
@@ -55,6 +55,14 @@ pub(super) struct WriteBatch {
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the buffers.
     large_batch_at: Option<Instant>,
+}
+
+/// The write-stall timeout (from the configuration, `None` when off) and its timer. Made at the
+/// transport's first push-back, so that later ones read the configuration no more, and dropped
+/// with the buffers when the session goes quiet.
+pub(super) struct Stall {
+    timeout: Option<Duration>,
+    sleep: Option<Pin<Box<Sleep>>>,
 }
 
 impl WriteBatch {
@@ -285,17 +293,27 @@ where
             return;
         }
         self.stall_armed = true;
-        let Some(timeout) = self.shared.lock().config.write_stall_timeout else {
+        let shared = &self.shared;
+        let stall = self.stall.get_or_insert_with(|| {
+            Box::new(Stall {
+                timeout: shared.lock().config.write_stall_timeout,
+                sleep: None,
+            })
+        });
+        let Some(timeout) = stall.timeout else {
             return;
         };
         let deadline = deadline_after(Instant::now(), timeout);
-        match &mut self.stall {
-            Some(sleep) => sleep.as_mut().reset(deadline),
-            None => self.stall = Some(Box::pin(tokio::time::sleep_until(deadline))),
-        }
-        if let Some(sleep) = &mut self.stall {
-            let _ = sleep.as_mut().poll(cx);
-        }
+        let sleep = match &mut stall.sleep {
+            Some(sleep) => {
+                sleep.as_mut().reset(deadline);
+                sleep
+            }
+            None => stall
+                .sleep
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let _ = sleep.as_mut().poll(cx);
     }
 
     /// Whether the transport took nothing for the whole write-stall timeout.
@@ -304,6 +322,7 @@ where
             && self
                 .stall
                 .as_mut()
+                .and_then(|stall| stall.sleep.as_mut())
                 .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
     }
 }
