@@ -88,9 +88,9 @@ impl FrameCodec {
         matches!(self.state, DecodeState::Data(_))
     }
 
-    /// Decodes one header from the front of `src`, or returns `None` when fewer than 8 bytes are
-    /// there. Consumes the header bytes on success.
-    fn decode_head(&self, src: &mut BytesMut) -> Result<Option<Header>, ProtocolError> {
+    /// Decodes the header at the front of `src`, or returns `None` when fewer than 8 bytes are
+    /// there.
+    fn decode_head(&self, src: &[u8]) -> Result<Option<Header>, ProtocolError> {
         let Some(bytes) = src.get(..HEADER_LEN) else {
             return Ok(None);
         };
@@ -107,7 +107,6 @@ impl FrameCodec {
                 max: self.max_payload,
             });
         }
-        src.advance(HEADER_LEN);
         Ok(Some(header))
     }
 
@@ -119,27 +118,47 @@ impl FrameCodec {
         &mut self,
         src: &mut BytesMut,
     ) -> Result<Option<Header>, CodecError> {
-        // States: `Head` needs 8 bytes; a Data header moves to `Data(header)`, which needs
-        // `header.length` more bytes. Other kinds are complete with their header.
-        let header = match self.state {
-            DecodeState::Head => match self.decode_head(src)? {
-                None => return Ok(None),
-                Some(header) if header.kind != Kind::Data => return Ok(Some(header)),
-                Some(header) => header,
-            },
-            DecodeState::Data(header) => header,
-        };
-        let len = header.length as usize;
-        if src.len() < len {
+        let (header, used) = self.step(src)?;
+        src.advance(used);
+        if let DecodeState::Data(partial) = self.state {
             if self.reserve_payload {
                 // The length was checked against the limit, so this reserve is bounded.
-                src.reserve(len - src.len());
+                src.reserve((partial.length as usize).saturating_sub(src.len()));
             }
+        }
+        Ok(header)
+    }
+
+    /// As [`decode_complete`](FrameCodec::decode_complete), from bytes the caller holds
+    /// elsewhere (a read made on the stack): advances `src` past the header it takes.
+    pub(crate) fn decode_complete_slice(
+        &mut self,
+        src: &mut &[u8],
+    ) -> Result<Option<Header>, CodecError> {
+        let (header, used) = self.step(src)?;
+        *src = &src[used..];
+        Ok(header)
+    }
+
+    /// The next whole frame's header, if all of it is in `src`, and how many bytes of `src`
+    /// its header took (none when it was taken before, with the payload still missing).
+    fn step(&mut self, src: &[u8]) -> Result<(Option<Header>, usize), CodecError> {
+        // States: `Head` needs 8 bytes; a Data header moves to `Data(header)`, which needs
+        // `header.length` more bytes. Other kinds are complete with their header.
+        let (header, used) = match self.state {
+            DecodeState::Head => match self.decode_head(src)? {
+                None => return Ok((None, 0)),
+                Some(header) if header.kind != Kind::Data => return Ok((Some(header), HEADER_LEN)),
+                Some(header) => (header, HEADER_LEN),
+            },
+            DecodeState::Data(header) => (header, 0),
+        };
+        if src.len() - used < header.length as usize {
             self.state = DecodeState::Data(header);
-            return Ok(None);
+            return Ok((None, used));
         }
         self.state = DecodeState::Head;
-        Ok(Some(header))
+        Ok((Some(header), used))
     }
 }
 

@@ -81,6 +81,20 @@ impl ReadBuffer {
         self.buf.is_empty()
     }
 
+    /// Whether no buffer is allocated (none yet, or given back while the session was quiet)
+    /// and nothing is buffered: the next read may go to the stack (see
+    /// `Connection::poll_read_frames`).
+    pub(crate) fn is_unallocated(&self) -> bool {
+        self.released && self.buf.is_empty()
+    }
+
+    /// Buffers `bytes` read elsewhere (a read made on the stack that left a partial frame, or
+    /// one the session hands out as a slice), in a buffer made as for a read.
+    pub(crate) fn extend_from_read(&mut self, bytes: &[u8]) {
+        self.prepare(bytes.len());
+        self.buf.extend_from_slice(bytes);
+    }
+
     /// The buffer that payloads decoded now are slices of.
     pub(crate) fn source(&self) -> Source {
         self.source

@@ -5,17 +5,26 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Buf;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::error::{CodecError, Error};
-use crate::frame::Kind;
+use crate::frame::{Kind, HEADER_LEN};
 use crate::session::core::recv_buf::{Payload, PIN_MIN};
 use crate::session::core::PeerKind;
 
 /// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
 /// connection cannot monopolise a runtime thread.
 const READ_BUDGET: usize = 1024 * 1024;
+
+/// A session holding no read buffer (a new one, or one quiet long enough to give it back)
+/// reads into this much stack first. The small frames that wake an idle session (a
+/// keepalive, a request, a window update) are applied from there, and no read buffer is
+/// allocated for them: an idle server's sessions woken now and then allocate nothing, and
+/// nothing is left to free, as a hole in the heap, when they go quiet again
+/// (`benches/idle_sessions.rs`). A partial frame, a long payload (handed out as a slice of
+/// the read buffer) or a read that fills it moves the rest to a read buffer.
+const STACK_READ: usize = 512;
 
 impl<T> Connection<T>
 where
@@ -54,10 +63,20 @@ where
             if self.read_closed {
                 return false;
             }
-            let missing = self.codec.payload_missing(self.read_buf.get_mut());
-            let space = self.read_buf.prepare(missing);
-            let read_buf = self.read_buf.get_mut();
-            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf) {
+            let mut stack = [0; STACK_READ];
+            let on_stack = self.read_buf.is_unallocated() && !self.codec.in_frame();
+            let (read, space) = if on_stack {
+                let mut buf = ReadBuf::new(&mut stack);
+                let read = Pin::new(&mut self.io).poll_read(cx, &mut buf);
+                (read.map_ok(|()| buf.filled().len()), STACK_READ)
+            } else {
+                let missing = self.codec.payload_missing(self.read_buf.get_mut());
+                let space = self.read_buf.prepare(missing);
+                let read_buf = self.read_buf.get_mut();
+                let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf);
+                (read, space)
+            };
+            let n = match read {
                 Poll::Pending => {
                     self.read_buf.drained();
                     return false;
@@ -91,6 +110,13 @@ where
             for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
                 silence.last = now;
             }
+            if on_stack {
+                if let Err(error) = self.apply_stack_frames(&stack[..n]) {
+                    self.read_closed = true;
+                    self.end_by_peer(error);
+                    return false;
+                }
+            }
             budget = budget.saturating_sub(n);
             if budget == 0 {
                 // Apply what was read before yielding, so that the readers it wakes run on
@@ -115,6 +141,58 @@ where
         let close_mux = matches!(error, Error::Protocol(_));
         self.peer_closed = matches!(error, Error::ClosedByPeer);
         self.end(error, close_mux);
+    }
+
+    /// Applies the frames of a read made on the stack (see [`STACK_READ`]) that are whole and
+    /// have short payloads, and moves the rest to the read buffer, from where the next
+    /// `apply_frames` takes it. The control queue's bound is left to that too.
+    fn apply_stack_frames(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
+        let now = Instant::now();
+        let source = self.read_buf.source();
+        let mut inner = self.shared.lock();
+        let result = loop {
+            if inner.control_over_limit() || bytes.len() < HEADER_LEN {
+                break Ok(());
+            }
+            let (kind, length) = (
+                bytes[7],
+                u32::from_le_bytes([bytes[4], bytes[5], bytes[6], 0]),
+            );
+            let length = length as usize;
+            if kind == Kind::Data as u8 && (length >= PIN_MIN || bytes.len() < HEADER_LEN + length)
+            {
+                break Ok(());
+            }
+            match self.codec.decode_complete_slice(&mut bytes) {
+                Ok(Some(header)) => {
+                    let len = match header.kind {
+                        Kind::Data => header.length as usize,
+                        _ => 0,
+                    };
+                    let payload = Payload::Borrowed(&bytes[..len]);
+                    let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
+                    bytes = &bytes[len..];
+                    if let Err(error) = applied {
+                        break Err(error);
+                    }
+                }
+                // Not reached: the frame was checked whole.
+                Ok(None) => break Ok(()),
+                Err(CodecError::Protocol(e)) => break Err(e.into()),
+                Err(CodecError::Io(e)) => break Err(e.into()),
+                Err(CodecError::InvalidFrame(_)) => break Ok(()),
+            }
+        };
+        let kind = inner.peer_kind();
+        drop(inner);
+        if !self.peer_known {
+            self.learn_peer(kind);
+        }
+        self.wake_collected();
+        if result.is_ok() && !bytes.is_empty() {
+            self.read_buf.extend_from_read(bytes);
+        }
+        result
     }
 
     /// Decodes the whole frames in the read buffer and applies them, under one lock, until the
