@@ -10,7 +10,8 @@
 //!   written.
 //! - While messages go out directly the session sends no keepalive.
 //! - A writer does not write into a frame the driver has in hand; a write of nothing sends no
-//!   frame; the transport is closed when the driver ends, though a stream handle is held.
+//!   frame; the transport is closed when the driver ends, though a stream handle is held,
+//!   and shut down first when the session closes gracefully.
 //!   (These were found by mutation testing, `scripts/mutants.sh --part core`.)
 //!
 //! Both ends closing while busy over TCP, with direct writes in flight, is in
@@ -508,4 +509,69 @@ async fn the_transport_is_closed_when_the_driver_ends_though_a_stream_is_held() 
     };
     within("the transport closes", closed).await;
     drop(stream);
+}
+
+/// A transport that writes `GOODBYE` when shut down, as a TLS stream sends its close_notify.
+struct Goodbye {
+    inner: DuplexStream,
+    said: usize,
+}
+
+const GOODBYE: &[u8] = b"goodbye";
+
+impl AsyncRead for Goodbye {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Goodbye {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        while this.said < GOODBYE.len() {
+            let n =
+                std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &GOODBYE[this.said..]))?;
+            this.said += n;
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+/// A spawned session closed gracefully shuts its transport down (a TLS stream then sends its
+/// close_notify) before letting go of it: the peer reads the transport's last words, then the
+/// end of the stream, and answers with its CloseMux.
+#[tokio::test]
+async fn a_spawned_session_closed_gracefully_shuts_its_transport_down() {
+    let (a, mut peer) = tokio::io::duplex(1024);
+    let client = Session::client(Goodbye { inner: a, said: 0 });
+    let answer = async {
+        let mut seen = Vec::new();
+        peer.read_to_end(&mut seen).await.expect("read");
+        peer.write_all(&Header::new(0, Kind::CloseMux).to_bytes())
+            .await
+            .expect("write");
+        seen
+    };
+    let (closed, seen) = within("close", async { tokio::join!(client.close(), answer) }).await;
+    closed.expect("graceful close");
+    assert!(
+        seen.ends_with(GOODBYE),
+        "the transport was shut down: {seen:?}"
+    );
 }
