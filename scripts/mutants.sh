@@ -4,7 +4,11 @@
 # flow:: codec:: frame::`), and the core's receive and send paths (session/core/recv.rs,
 # send.rs and send_queue.rs, the send queues and their scheduler), against the unit tests and
 # the integration tests that drive the core through its frames (policy, core_findings_a,
-# core_findings_b, faults, send_scheduler, core_mutants). cargo-mutants changes one thing at a time (a `>` into `>=`, a
+# core_findings_b, faults, send_scheduler, core_mutants), and direct writes (the functions of
+# session/core/outgoing.rs that admit and settle them, and session/direct.rs, the transport the
+# driver shares with the writers) against the unit tests and the integration tests that run
+# spawned sessions (direct_writes, core_findings_a, core_findings_b, close_paths, faults,
+# policy). cargo-mutants changes one thing at a time (a `>` into `>=`, a
 # function body into a default value, ...), builds, and runs those tests: a mutant that no test
 # fails on ("missed") is behaviour nothing pins down, unless the change is equivalent (the
 # program behaves the same). RELIABILITY.md lists the score and every equivalent survivor.
@@ -13,7 +17,9 @@
 #                           [--output DIR] [--list]
 #   --part pure   flow.rs, codec.rs and frame.rs against `cargo test --lib` (the default)
 #   --part core   session/core/recv.rs, send.rs and send_queue.rs against the unit tests and
-#                 the core's integration tests
+#                 the core's integration tests; then direct writes: in session/core/outgoing.rs
+#                 the functions named in the script's DIRECT_RE (`--re`), and session/direct.rs,
+#                 against the unit tests and the integration tests on spawned sessions
 #   --part all    both, one after the other
 #   --jobs N      mutants built and tested at once (default 2; each has its own build
 #                 directory, a copy of the tree and its target directory, whose dependencies
@@ -22,7 +28,8 @@
 #                 for a throwaway clone (an interrupted run can leave a mutant behind)
 #   --shard K/N   only the K-th of N shares of the mutants (from 0), for runs on several
 #                 clones at once
-#   --output DIR  where cargo-mutants writes mutants.out/ (default target/mutants/PART)
+#   --output DIR  where cargo-mutants writes mutants.out/ (default target/mutants/NAME, NAME
+#                 pure, core, or core-direct for direct writes)
 #   --list        list the mutants without testing them
 #
 # Installs cargo-mutants with `cargo install --locked cargo-mutants` when it is missing. Each
@@ -96,6 +103,13 @@ if ! cargo mutants --version >/dev/null 2>&1; then
 fi
 cargo mutants --version
 
+# The functions of outgoing.rs that direct writes go through; the rest of that file (the
+# driver's batches, control frames) is tested through the other parts' targets.
+DIRECT_RE='Inner::(admit_write|poll_write_admit|poll_write_chunk_admit|direct_possible|direct_done|direct_busy|take_flush_wanted|direct_writes)\b|^src/session/direct\.rs:'
+
+# Arguments cargo-mutants gets besides the files (`--re` for a part of a file).
+only=()
+
 # run NAME FILE... -- CARGO_TEST_ARG... -- TEST_BINARY_ARG...: cargo-mutants on the files,
 # each mutant tested with `cargo test CARGO_TEST_ARG... -- TEST_BINARY_ARG...`.
 run() {
@@ -122,14 +136,14 @@ run() {
     local dir=${output:-target/mutants/$name}
     mkdir -p "$dir"
     if $list; then
-        cargo mutants "${files[@]}" --list
+        cargo mutants "${files[@]}" "${only[@]}" --list
         return 0
     fi
     echo "mutants: $name: ${files[*]} against cargo test ${tests[*]#--cargo-arg=} --" \
         "${filters[*]} ($(date -u +%H:%M:%S))" >&2
     local start=$SECONDS status=0
     # In the order of the source, so that an interrupted run has finished whole files.
-    cargo mutants "${files[@]}" "${where[@]}" "${shard[@]}" "${tests[@]}" --no-shuffle \
+    cargo mutants "${files[@]}" "${only[@]}" "${where[@]}" "${shard[@]}" "${tests[@]}" --no-shuffle \
         --output "$dir" -- -- "${filters[@]}" || status=$?
     echo "mutants: $name took $((SECONDS - start)) s; missed mutants, if any:" \
         "$dir/mutants.out/missed.txt" >&2
@@ -153,5 +167,12 @@ if [ "$part" = core ] || [ "$part" = all ]; then
         --lib --test policy --test core_findings_a --test core_findings_b --test faults \
         --test send_scheduler --test core_mutants -- \
         --skip session::core::id_hash || status=$?
+    # Direct writes: only on spawned sessions, whose tests these targets hold.
+    only=(--re "$DIRECT_RE")
+    run core-direct src/session/core/outgoing.rs src/session/direct.rs -- \
+        --lib --test direct_writes --test core_findings_a --test core_findings_b \
+        --test close_paths --test faults --test policy -- \
+        --skip session::core::id_hash || status=$?
+    only=()
 fi
 exit "$status"

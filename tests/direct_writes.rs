@@ -6,7 +6,13 @@
 //!   of a frame a direct write left goes out before anything else, and every stream's bytes
 //!   arrive whole and in order while several streams write at once.
 //! - A transport that holds written bytes until flushed, and whose flush does not finish at
-//!   once: the driver finishes the flush a direct write started.
+//!   once: the driver finishes the flush a direct write started, even when nothing else is
+//!   written.
+//! - While messages go out directly the session sends no keepalive.
+//! - A writer does not write into a frame the driver has in hand; a write of nothing sends no
+//!   frame; the transport is closed when the driver ends, though a stream handle is held,
+//!   and shut down first when the session closes gracefully.
+//!   (These were found by mutation testing, `scripts/mutants.sh --part core`.)
 //!
 //! Both ends closing while busy over TCP, with direct writes in flight, is in
 //! `tests/core_findings_b.rs` (`closing_a_busy_session_*`) and `tests/close_paths.rs`.
@@ -17,9 +23,11 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use common::{pattern, spawn_echo, within};
-use gomux::{Session, Stream};
+use gomux::frame::{Header, Kind, HEADER_LEN};
+use gomux::{Config, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 
 /// Each write call the transport took bytes in: the task it ran in, and how many bytes.
@@ -283,4 +291,287 @@ async fn a_flush_a_direct_write_left_unfinished_is_finished_by_the_driver() {
         messages_arrive_whole(client, 2),
     )
     .await;
+}
+
+/// While a writer's messages go out directly, the session sends no keepalive: the peer hears
+/// from this side all the while. The driver, which writes nothing itself here (the peer only
+/// reads), learns of the direct writes when it next runs (for the credit the peer returns) and
+/// counts them as the writes they are. Paused clock: 10 s of messages, one every 200 ms, with
+/// keepalives due after 1 s without a write.
+#[tokio::test(start_paused = true)]
+async fn a_session_writing_directly_sends_no_keepalive() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let client = Session::with_config(
+        a,
+        Role::Client,
+        Config::default().keepalive_interval(Some(Duration::from_secs(1))),
+    );
+    let server = Session::server(b);
+    let reader = tokio::spawn(async move {
+        let mut stream = server.accept().await.expect("accept");
+        let mut got = [0; 4];
+        for i in 0..51u32 {
+            stream.read_exact(&mut got).await.expect("read");
+            assert_eq!(got, i.to_le_bytes());
+        }
+        server
+    });
+    let mut stream = client.open().await.expect("open");
+    stream.write_all(&0u32.to_le_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = client.stats();
+    for i in 1..51u32 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stream.write_all(&i.to_le_bytes()).await.expect("write");
+    }
+    let _server = within("the peer reads every message", reader)
+        .await
+        .expect("the peer read every message in order");
+    let after = client.stats();
+    assert_eq!(
+        after.keepalives_sent - before.keepalives_sent,
+        0,
+        "keepalives sent while messages went out every 200 ms"
+    );
+    assert_eq!(after.frames_sent - before.frames_sent, 50, "{after:?}");
+}
+
+/// Each stream's Data payloads in `bytes`, whole frames only, with how many bytes those took;
+/// panics on a frame of an undefined kind (bytes that are not a frame's start).
+fn data_by_stream(bytes: &[u8]) -> (std::collections::BTreeMap<u32, Vec<u8>>, usize) {
+    let mut streams = std::collections::BTreeMap::<u32, Vec<u8>>::new();
+    let mut at = 0;
+    while let Some(raw) = bytes.get(at..at + HEADER_LEN) {
+        let header = Header::from_bytes(raw.try_into().expect("8 bytes"))
+            .unwrap_or_else(|kind| panic!("a frame of kind {kind} at byte {at}"));
+        let payload = match header.kind {
+            Kind::Data => header.length as usize,
+            _ => 0,
+        };
+        let Some(data) = bytes.get(at + HEADER_LEN..at + HEADER_LEN + payload) else {
+            break;
+        };
+        streams
+            .entry(header.id)
+            .or_default()
+            .extend_from_slice(data);
+        at += HEADER_LEN + payload;
+    }
+    (streams, at)
+}
+
+/// A writer does not write its frame itself while the driver has a batch in hand: here the
+/// rest of another stream's 10 KB frame, which the transport (4 KiB of room, the peer not
+/// reading yet) did not take. When the peer reads a little, the room it frees goes to the rest
+/// of that frame, and the new message follows it, instead of being written into the middle of
+/// it. Current-thread runtime: the driver, woken by the peer's read, runs only after the
+/// second write.
+#[tokio::test]
+async fn a_writer_does_not_write_into_a_frame_the_driver_has_in_hand() {
+    let (a, mut peer) = tokio::io::duplex(4096);
+    let client = Session::client(a);
+    let mut first = client.open().await.expect("open");
+    let mut second = client.open().await.expect("open");
+    let bulk = pattern(7, 10_000);
+    first.write_all(&bulk).await.expect("write");
+    // The driver takes what is left to write and finds the transport full.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut got = vec![0; 100];
+    peer.read_exact(&mut got).await.expect("read");
+    second.write_all(b"hello").await.expect("write");
+    let read_all = async {
+        loop {
+            let (streams, _) = data_by_stream(&got);
+            if streams.get(&first.id()).map_or(0, Vec::len) >= bulk.len()
+                && streams.get(&second.id()).map_or(0, Vec::len) >= 5
+            {
+                return streams;
+            }
+            let mut buf = [0; 4096];
+            let n = peer.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the transport closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    let streams = within("both streams' data", read_all).await;
+    assert!(streams[&first.id()] == bulk, "the first stream's bytes");
+    assert_eq!(streams[&second.id()], b"hello");
+}
+
+/// The flush a direct write left unfinished is finished by the driver even when nothing else
+/// is written: one message at a time goes one way, each sent only once the peer has read the
+/// one before, so no later write pushes a held message out (the transport holds what is
+/// written until a flush finishes, and finishes every other flush).
+#[tokio::test]
+async fn a_message_whose_flush_a_direct_write_left_unfinished_arrives_alone() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let client = Session::client(HeldUntilFlushed {
+        inner: a,
+        held: Vec::new(),
+        flushes: 0,
+    });
+    let server = Session::server(b);
+    let (read, mut reads) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        let mut stream = server.accept().await.expect("accept");
+        let mut got = [0; 4];
+        for i in 0..20u32 {
+            stream.read_exact(&mut got).await.expect("read");
+            assert_eq!(got, i.to_le_bytes());
+            read.send(()).expect("the writer waits");
+        }
+        server
+    });
+    let mut stream = client.open().await.expect("open");
+    let messages = async {
+        for i in 0..20u32 {
+            stream.write_all(&i.to_le_bytes()).await.expect("write");
+            reads.recv().await.expect("the peer read the message");
+        }
+    };
+    within("twenty messages, one at a time", messages).await;
+    reader.await.expect("the peer read them in order");
+}
+
+/// Reads from `peer` into `got` until its whole Data frames carry `bytes` bytes in all.
+async fn read_data(got: &mut Vec<u8>, peer: &mut DuplexStream, bytes: usize) {
+    let read = async {
+        let mut buf = vec![0; 4096];
+        loop {
+            let (streams, _) = data_by_stream(got);
+            if streams.values().map(Vec::len).sum::<usize>() >= bytes {
+                return;
+            }
+            let n = peer.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the transport closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    within("the messages", read).await;
+}
+
+/// A write of nothing puts nothing on the wire, whether the writer could write its frame
+/// itself (an idle session) or would queue it (the driver has a batch in hand: the rest of a
+/// 10 KB frame a 4 KiB transport did not take): the peer sees each message's frame and no
+/// empty one between them.
+#[tokio::test]
+async fn an_empty_write_on_a_spawned_session_sends_no_frame() {
+    let (a, mut peer) = tokio::io::duplex(4096);
+    let client = Session::client(a);
+    let mut stream = client.open().await.expect("open");
+    let mut got = Vec::new();
+    stream.write_all(b"a").await.expect("write");
+    read_data(&mut got, &mut peer, 1).await;
+    // Idle: the writer would write a frame itself.
+    assert_eq!(stream.write(&[]).await.expect("write"), 0);
+    stream.write_all(b"b").await.expect("write");
+    // The driver has the rest of a large frame in hand: a frame would be queued.
+    let bulk = pattern(3, 10_000);
+    stream.write_all(&bulk).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(stream.write(&[]).await.expect("write"), 0);
+    stream.write_all(b"c").await.expect("write");
+    read_data(&mut got, &mut peer, 3 + bulk.len()).await;
+    let (_, end) = data_by_stream(&got);
+    let mut lengths = Vec::new();
+    let mut at = 0;
+    while at < end {
+        let header = Header::from_bytes(got[at..at + HEADER_LEN].try_into().expect("8 bytes"))
+            .expect("a frame");
+        if header.kind == Kind::Data {
+            lengths.push(header.length);
+            at += header.length as usize;
+        }
+        at += HEADER_LEN;
+    }
+    assert_eq!(lengths, vec![1, 1, 10_000, 1], "Data frames' lengths");
+}
+
+/// The transport is closed as soon as the driver is done with it, not when the last stream
+/// handle goes: here the session ends on a frame of an undefined kind from the peer while a
+/// stream is still held, and the peer's writes then fail.
+#[tokio::test]
+async fn the_transport_is_closed_when_the_driver_ends_though_a_stream_is_held() {
+    let (a, mut peer) = tokio::io::duplex(64 * 1024);
+    let client = Session::client(a);
+    let stream = client.open().await.expect("open");
+    peer.write_all(&[0, 0, 0, 0, 0, 0, 0, 0xee])
+        .await
+        .expect("write");
+    within("the session ends", client.closed()).await;
+    let closed = async {
+        loop {
+            match peer.write(&[0; 8]).await {
+                Err(_) => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    };
+    within("the transport closes", closed).await;
+    drop(stream);
+}
+
+/// A transport that writes `GOODBYE` when shut down, as a TLS stream sends its close_notify.
+struct Goodbye {
+    inner: DuplexStream,
+    said: usize,
+}
+
+const GOODBYE: &[u8] = b"goodbye";
+
+impl AsyncRead for Goodbye {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Goodbye {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        while this.said < GOODBYE.len() {
+            let n =
+                std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &GOODBYE[this.said..]))?;
+            this.said += n;
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+/// A spawned session closed gracefully shuts its transport down (a TLS stream then sends its
+/// close_notify) before letting go of it: the peer reads the transport's last words, then the
+/// end of the stream, and answers with its CloseMux.
+#[tokio::test]
+async fn a_spawned_session_closed_gracefully_shuts_its_transport_down() {
+    let (a, mut peer) = tokio::io::duplex(1024);
+    let client = Session::client(Goodbye { inner: a, said: 0 });
+    let answer = async {
+        let mut seen = Vec::new();
+        peer.read_to_end(&mut seen).await.expect("read");
+        peer.write_all(&Header::new(0, Kind::CloseMux).to_bytes())
+            .await
+            .expect("write");
+        seen
+    };
+    let (closed, seen) = within("close", async { tokio::join!(client.close(), answer) }).await;
+    closed.expect("graceful close");
+    assert!(
+        seen.ends_with(GOODBYE),
+        "the transport was shut down: {seen:?}"
+    );
 }

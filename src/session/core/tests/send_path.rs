@@ -573,3 +573,104 @@ fn a_writer_let_in_uses_as_much_of_its_share_as_it_writes() {
         "a writer that never waited took room kept for those let in"
     );
 }
+
+/// A queue buffer larger than the spare pool's whole bound is not kept, even while the pool is
+/// empty. A queue that hands its buffer to a batch gets the batch's old one in exchange: here
+/// the driver's data buffer has grown to 1 MiB (as after a batch of many streams' frames), so
+/// the stream's queue holds 1 MiB once its 2 KB go out, four times the bound (256 KiB, as
+/// `write_buffer_size` is 128 KiB). Written, its queue is freed and the 1 MiB goes back to the
+/// allocator.
+#[test]
+fn a_queue_buffer_larger_than_the_spare_bound_is_not_kept() {
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default().write_buffer_size(128 * 1024),
+    );
+    let (key, id) = core.open();
+    core.frame(crate::frame::Frame::window_update(id, 1 << 20))
+        .expect("credit");
+    core.sent();
+    write(&mut core, key, 2000);
+    let mut data = crate::session::out_queue::OutQueue::new();
+    data.extend_from_slice(&vec![0; 1 << 20]);
+    data.clear();
+    let mut wakers = Vec::new();
+    let batch = core.inner.take_batch(
+        core.now,
+        1 << 20,
+        &mut Vec::new(),
+        &mut data,
+        &mut Default::default(),
+        &mut wakers,
+    );
+    assert_eq!(data.len(), 2008, "the frame went in the batch");
+    let held = core.inner.data_capacity();
+    assert!(held >= 1 << 20, "the queue took the batch's buffer: {held}");
+    core.inner.written(
+        batch.data_start + data.len() as u64,
+        batch.control_end,
+        0,
+        &mut wakers,
+    );
+    assert!(core.inner.poll_written(key, Waker::noop()).is_ready());
+    let held = core.inner.data_capacity();
+    assert!(held <= 256 * 1024, "{held} bytes kept as spare");
+}
+
+/// A stream that keeps its queue (its batches are not written yet) and alternates short
+/// messages, which batches copy, with bulk, whose frames its buffer is handed over with: every
+/// frame goes out as written, batch after batch, and a spliced payload queued last still goes
+/// in order. The queue's position counter (`taken`) grows by what each batch took, however it
+/// took it: it positions the spliced payloads, and were it to grow faster it would overflow
+/// within a few handovers.
+#[test]
+fn a_long_lived_queue_hands_its_buffer_over_batch_after_batch() {
+    let (mut core, streams) = streams_with_credit(1);
+    let (key, id) = streams[0];
+    let mut wakers = Vec::new();
+    let mut take = |core: &mut super::Core| {
+        let mut data = crate::session::out_queue::OutQueue::new();
+        let batch = core.inner.take_batch(
+            core.now,
+            1 << 20,
+            &mut Vec::new(),
+            &mut data,
+            &mut Default::default(),
+            &mut wakers,
+        );
+        let bytes = data.to_vec();
+        (
+            batch.data_start + bytes.len() as u64,
+            batch.control_end,
+            super::headers(&bytes),
+        )
+    };
+    for _ in 0..12 {
+        // 108 bytes: less than a handover takes (`MIN_CUT`), copied frame by frame.
+        write(&mut core, key, 100);
+        let (_, _, frames) = take(&mut core);
+        assert_eq!(
+            frames.iter().map(|h| (h.id, h.length)).collect::<Vec<_>>(),
+            vec![(id, 100)]
+        );
+        // The whole buffer, handed over.
+        write(&mut core, key, 40_000);
+        let (_, _, frames) = take(&mut core);
+        assert_eq!(
+            frames.iter().map(|h| (h.id, h.length)).collect::<Vec<_>>(),
+            vec![(id, 40_000)]
+        );
+    }
+    // Handed over whole, and then a payload spliced in behind copied bytes.
+    write(&mut core, key, 100);
+    write_chunk(&mut core, key, 40_000);
+    let (data_end, control_end, frames) = take(&mut core);
+    assert_eq!(
+        frames.iter().map(|h| (h.id, h.length)).collect::<Vec<_>>(),
+        vec![(id, 100), (id, 40_000)]
+    );
+    assert!(core.inner.poll_written(key, Waker::noop()).is_pending());
+    core.inner
+        .written(data_end, control_end, 0, &mut Vec::new());
+    assert!(core.inner.poll_written(key, Waker::noop()).is_ready());
+}
