@@ -63,25 +63,21 @@ where
             if self.read_closed {
                 return false;
             }
-            let mut stack = [0; STACK_READ];
-            let on_stack = self.read_buf.is_unallocated() && !self.codec.in_frame();
-            let (read, space) = if on_stack {
-                let mut buf = ReadBuf::new(&mut stack);
-                let read = Pin::new(&mut self.io).poll_read(cx, &mut buf);
-                (read.map_ok(|()| buf.filled().len()), STACK_READ)
+            let (read, space) = if self.read_buf.is_unallocated() && !self.codec.in_frame() {
+                (self.poll_read_stack(cx), STACK_READ)
             } else {
                 let missing = self.codec.payload_missing(self.read_buf.get_mut());
                 let space = self.read_buf.prepare(missing);
                 let read_buf = self.read_buf.get_mut();
                 let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read_buf);
-                (read, space)
+                (read.map_ok(Ok), space)
             };
             let n = match read {
                 Poll::Pending => {
                     self.read_buf.drained();
                     return false;
                 }
-                Poll::Ready(Ok(0)) => {
+                Poll::Ready(Ok(Ok(0))) => {
                     self.read_closed = true;
                     let error = if let Some((error, _)) = self.write_failed.as_deref() {
                         error.clone()
@@ -93,7 +89,12 @@ where
                     self.end(error, false);
                     return false;
                 }
-                Poll::Ready(Ok(n)) => {
+                Poll::Ready(Ok(Err(error))) => {
+                    self.read_closed = true;
+                    self.end_by_peer(error);
+                    return false;
+                }
+                Poll::Ready(Ok(Ok(n))) => {
                     if n == space {
                         self.read_buf.filled();
                     }
@@ -109,13 +110,6 @@ where
             let now = Instant::now();
             for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
                 silence.last = now;
-            }
-            if on_stack {
-                if let Err(error) = self.apply_stack_frames(&stack[..n]) {
-                    self.read_closed = true;
-                    self.end_by_peer(error);
-                    return false;
-                }
             }
             budget = budget.saturating_sub(n);
             if budget == 0 {
@@ -141,6 +135,25 @@ where
         let close_mux = matches!(error, Error::Protocol(_));
         self.peer_closed = matches!(error, Error::ClosedByPeer);
         self.end(error, close_mux);
+    }
+
+    /// Reads into the stack (see [`STACK_READ`]) and applies what was read: the bytes read, or
+    /// the error the frames were found to make.
+    fn poll_read_stack(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<Result<usize, Error>>> {
+        let mut stack = [0; STACK_READ];
+        let mut buf = ReadBuf::new(&mut stack);
+        match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled();
+                let applied = self.apply_stack_frames(read).map(|()| read.len());
+                Poll::Ready(Ok(applied))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     /// Applies the frames of a read made on the stack (see [`STACK_READ`]) that are whole and
