@@ -64,11 +64,11 @@ impl Role {
 /// - **Idle sessions**: a session that has read and written nothing for a second gives back
 ///   its read buffer (a partial frame keeps only its own bytes), its spares, its outgoing
 ///   queues and its pool of stream buffers; its next frame allocates them again, as a new
-///   session's first one does. What it keeps is its state: 2,732 bytes of heap for a
-///   session end with one stream that moved a message (`tests/idle_memory.rs`,
-///   `an_idle_session_end_gives_its_buffers_back`; `cargo test --test idle_memory --
-///   --nocapture` prints it), and 4,767 to 4,948 bytes resident over loopback TCP
-///   (`cargo bench --bench idle_sessions`).
+///   session's first one does (small frames are read on the stack and need none). What it
+///   keeps is its state: 2,148 bytes of heap for a session end with one stream that moved a
+///   message (`tests/idle_memory.rs`, `an_idle_session_end_gives_its_buffers_back`; `cargo
+///   test --test idle_memory -- --nocapture` prints it), and 2,671 bytes resident over
+///   loopback TCP (`cargo bench --bench idle_sessions`).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
 ///   plus at most 40 bytes per stream (its OpenStream, window announcement and three closes); the batch being written holds at most

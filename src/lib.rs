@@ -256,13 +256,14 @@
 //!   resident set does not.
 //!
 //! A session that has read and written nothing for a second gives back its read
-//! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state: an
-//! idle session end with one idle stream costs 4,767 to 4,948 bytes resident, its socket's
-//! registration with tokio and its driver task included, against Go gomux's 26,563 to 26,578
-//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP, four runs), and
-//! 2,732 bytes of heap (`cargo test --test idle_memory -- --nocapture`, on an in-memory
-//! pipe). The resident figure is above the heap's because the allocator cannot give back the
-//! pages that a session's small, long-lived allocations share with freed ones. See [`Config`], "Memory bounds".
+//! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state; one
+//! woken by small frames reads them on the stack and allocates no read buffer. An idle
+//! session end with one idle stream costs 2,671 bytes resident (heap in use 2,330), its
+//! socket's registration with tokio and its driver task included, against Go gomux's 26,606
+//! (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP), and 2,148 bytes
+//! of heap on an in-memory pipe (`cargo test --test idle_memory -- --nocapture`). The
+//! resident figure is above the heap's because the allocator cannot give back the pages that
+//! a session's long-lived allocations share with freed ones. See [`Config`], "Memory bounds".
 //!
 //! With a Go peer, start from [`Config::go_peer`]: the defaults with the windows kept at 64 KiB
 //! (see the next section).
