@@ -30,27 +30,43 @@ use gomux::frame::{Header, Kind, HEADER_LEN};
 use gomux::{Config, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 
-/// Each write call the transport took bytes in: the task it ran in, and how many bytes.
-type Calls = Arc<Mutex<Vec<(Option<tokio::task::Id>, usize)>>>;
-
-/// A transport that records which task each write ran in.
-struct Recording {
+/// A test transport: an in-memory pipe whose writing side `S` shapes (how much a write takes,
+/// when a flush finishes, what a shutdown writes, what is recorded). Reads are the pipe's.
+struct Shaped<S> {
     inner: DuplexStream,
-    calls: Calls,
+    shape: S,
 }
 
-impl Recording {
-    fn record(&self, result: &Poll<io::Result<usize>>) {
-        if let Poll::Ready(Ok(n)) = result {
-            if *n > 0 {
-                let mut calls = self.calls.lock().expect("calls");
-                calls.push((tokio::task::try_id(), *n));
-            }
-        }
+/// How a [`Shaped`] transport writes; the defaults are the pipe's own.
+trait Shape: Unpin {
+    fn write(
+        &mut self,
+        inner: &mut DuplexStream,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(inner).poll_write(cx, buf)
+    }
+
+    fn flush(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(inner).poll_flush(cx)
+    }
+
+    fn shutdown(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(inner).poll_shutdown(cx)
+    }
+
+    /// Whether it takes vectored writes, and how many bytes a write takes at most.
+    fn vectored(&self) -> Option<usize> {
+        None
     }
 }
 
-impl AsyncRead for Recording {
+fn shaped<S: Shape>(inner: DuplexStream, shape: S) -> Shaped<S> {
+    Shaped { inner, shape }
+}
+
+impl<S: Shape> AsyncRead for Shaped<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -60,23 +76,71 @@ impl AsyncRead for Recording {
     }
 }
 
-impl AsyncWrite for Recording {
+impl<S: Shape> AsyncWrite for Shaped<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.record(&result);
-        result
+        let this = &mut *self;
+        this.shape.write(&mut this.inner, cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // As much as a write takes, across the slices (a header and its payload at once).
+        let most = self.shape.vectored().unwrap_or(usize::MAX);
+        let mut joined = Vec::new();
+        for buf in bufs {
+            joined.extend_from_slice(&buf[..buf.len().min(most - joined.len())]);
+            if joined.len() == most {
+                break;
+            }
+        }
+        self.poll_write(cx, &joined)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.shape.vectored().is_some()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let this = &mut *self;
+        this.shape.flush(&mut this.inner, cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        this.shape.shutdown(&mut this.inner, cx)
+    }
+}
+
+/// Each write call the transport took bytes in: the task it ran in, and how many bytes.
+type Calls = Arc<Mutex<Vec<(Option<tokio::task::Id>, usize)>>>;
+
+/// Records which task each write ran in.
+struct Recording {
+    calls: Calls,
+}
+
+impl Shape for Recording {
+    fn write(
+        &mut self,
+        inner: &mut DuplexStream,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = result {
+            if n > 0 {
+                let mut calls = self.calls.lock().expect("calls");
+                calls.push((tokio::task::try_id(), n));
+            }
+        }
+        result
     }
 }
 
@@ -84,10 +148,12 @@ impl AsyncWrite for Recording {
 async fn a_message_on_an_idle_session_is_written_from_the_writers_task() {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let calls = Calls::default();
-    let client = Session::client(Recording {
-        inner: a,
-        calls: Arc::clone(&calls),
-    });
+    let client = Session::client(shaped(
+        a,
+        Recording {
+            calls: Arc::clone(&calls),
+        },
+    ));
     let _server = spawn_echo(Session::server(b));
     let recorded = Arc::clone(&calls);
     let writer = tokio::spawn(async move {
@@ -122,59 +188,24 @@ async fn a_message_on_an_idle_session_is_written_from_the_writers_task() {
     );
 }
 
-/// A transport that takes at most `most` bytes per write call, vectored or not.
+/// Takes at most `most` bytes per write call, vectored or not.
 struct Trickle {
-    inner: DuplexStream,
     most: usize,
     vectored: bool,
 }
 
-impl AsyncRead for Trickle {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Trickle {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+impl Shape for Trickle {
+    fn write(
+        &mut self,
+        inner: &mut DuplexStream,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let most = self.most.min(buf.len());
-        Pin::new(&mut self.inner).poll_write(cx, &buf[..most])
+        Pin::new(inner).poll_write(cx, &buf[..self.most.min(buf.len())])
     }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        // At most `most` bytes, taken across the slices (a header and its payload at once).
-        let mut joined = Vec::new();
-        for buf in bufs {
-            joined.extend_from_slice(&buf[..buf.len().min(self.most - joined.len())]);
-            if joined.len() == self.most {
-                break;
-            }
-        }
-        self.poll_write(cx, &joined)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.vectored
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn vectored(&self) -> Option<usize> {
+        self.vectored.then_some(self.most)
     }
 }
 
@@ -205,11 +236,7 @@ async fn messages_arrive_whole(client: Session, streams: u64) {
 
 async fn trickle_case(vectored: bool) {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let client = Session::client(Trickle {
-        inner: a,
-        most: 5,
-        vectored,
-    });
+    let client = Session::client(shaped(a, Trickle { most: 5, vectored }));
     let _server = spawn_echo(Session::server(b));
     within(
         "messages over a trickling transport",
@@ -228,28 +255,18 @@ async fn frames_a_transport_without_vectored_writes_takes_five_bytes_at_a_time_o
     trickle_case(false).await;
 }
 
-/// A transport that keeps what is written until flushed, and whose flush finishes only on
-/// every other call (it asks to be polled again at once, as a TLS stream whose socket is busy
-/// would be later).
+/// Keeps what is written until flushed, and finishes a flush only on every other call (it
+/// asks to be polled again at once, as a TLS stream whose socket is busy would be later).
+#[derive(Default)]
 struct HeldUntilFlushed {
-    inner: DuplexStream,
     held: Vec<u8>,
     flushes: u64,
 }
 
-impl AsyncRead for HeldUntilFlushed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for HeldUntilFlushed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+impl Shape for HeldUntilFlushed {
+    fn write(
+        &mut self,
+        _inner: &mut DuplexStream,
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
@@ -257,34 +274,29 @@ impl AsyncWrite for HeldUntilFlushed {
         Poll::Ready(Ok(buf.len()))
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.flushes += 1;
-        if this.flushes % 2 == 1 {
+    fn flush(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.flushes += 1;
+        if self.flushes % 2 == 1 {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        while !this.held.is_empty() {
-            let n = std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &this.held))?;
-            this.held.drain(..n);
+        while !self.held.is_empty() {
+            let n = std::task::ready!(Pin::new(&mut *inner).poll_write(cx, &self.held))?;
+            self.held.drain(..n);
         }
-        Pin::new(&mut this.inner).poll_flush(cx)
+        Pin::new(inner).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.as_mut().poll_flush(cx))?;
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn shutdown(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.flush(inner, cx))?;
+        Pin::new(inner).poll_shutdown(cx)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_a_direct_write_left_unfinished_is_finished_by_the_driver() {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let client = Session::client(HeldUntilFlushed {
-        inner: a,
-        held: Vec::new(),
-        flushes: 0,
-    });
+    let client = Session::client(shaped(a, HeldUntilFlushed::default()));
     let _server = spawn_echo(Session::server(b));
     within(
         "messages over a transport that holds them until flushed",
@@ -405,11 +417,7 @@ async fn a_writer_does_not_write_into_a_frame_the_driver_has_in_hand() {
 #[tokio::test]
 async fn a_message_whose_flush_a_direct_write_left_unfinished_arrives_alone() {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let client = Session::client(HeldUntilFlushed {
-        inner: a,
-        held: Vec::new(),
-        flushes: 0,
-    });
+    let client = Session::client(shaped(a, HeldUntilFlushed::default()));
     let server = Session::server(b);
     let (read, mut reads) = tokio::sync::mpsc::unbounded_channel();
     let reader = tokio::spawn(async move {
@@ -511,45 +519,20 @@ async fn the_transport_is_closed_when_the_driver_ends_though_a_stream_is_held() 
     drop(stream);
 }
 
-/// A transport that writes `GOODBYE` when shut down, as a TLS stream sends its close_notify.
+/// Writes `GOODBYE` when shut down, as a TLS stream sends its close_notify.
 struct Goodbye {
-    inner: DuplexStream,
     said: usize,
 }
 
 const GOODBYE: &[u8] = b"goodbye";
 
-impl AsyncRead for Goodbye {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Goodbye {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        while this.said < GOODBYE.len() {
-            let n =
-                std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, &GOODBYE[this.said..]))?;
-            this.said += n;
+impl Shape for Goodbye {
+    fn shutdown(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.said < GOODBYE.len() {
+            let rest = &GOODBYE[self.said..];
+            self.said += std::task::ready!(Pin::new(&mut *inner).poll_write(cx, rest))?;
         }
-        Pin::new(&mut this.inner).poll_shutdown(cx)
+        Pin::new(inner).poll_shutdown(cx)
     }
 }
 
@@ -559,7 +542,7 @@ impl AsyncWrite for Goodbye {
 #[tokio::test]
 async fn a_spawned_session_closed_gracefully_shuts_its_transport_down() {
     let (a, mut peer) = tokio::io::duplex(1024);
-    let client = Session::client(Goodbye { inner: a, said: 0 });
+    let client = Session::client(shaped(a, Goodbye { said: 0 }));
     let answer = async {
         let mut seen = Vec::new();
         peer.read_to_end(&mut seen).await.expect("read");
