@@ -502,6 +502,44 @@ mod tests {
                 prop_assert!(pending.is_empty());
                 prop_assert_eq!(decoded, frames);
             }
+
+            /// As the session reads: whole frames from a slice (a read on the stack), up to
+            /// where a frame is cut, then the rest from a buffer.
+            #[test]
+            fn whole_frames_from_a_slice_then_the_rest_from_a_buffer_give_the_frames_back(
+                frames in proptest::collection::vec(any_frame(), 0..16),
+                cut in 0usize..8192,
+            ) {
+                let mut codec = FrameCodec::new().without_reserve();
+                let mut wire = BytesMut::new();
+                for frame in &frames {
+                    codec.encode(frame.clone(), &mut wire).expect("encodable");
+                }
+                let frame = |header: Header, payload: &[u8]| Frame {
+                    header,
+                    payload: Bytes::copy_from_slice(payload),
+                };
+                let payload_len = |header: &Header| match header.kind {
+                    Kind::Data => header.length as usize,
+                    _ => 0,
+                };
+                let cut = cut.min(wire.len());
+                let mut decoded = Vec::new();
+                let mut slice = &wire[..cut];
+                while let Some(header) = codec.decode_complete_slice(&mut slice).expect("valid") {
+                    let len = payload_len(&header);
+                    decoded.push(frame(header, &slice[..len]));
+                    slice = &slice[len..];
+                }
+                let mut rest = BytesMut::from(slice);
+                rest.extend_from_slice(&wire[cut..]);
+                while let Some(header) = codec.decode_complete(&mut rest).expect("valid") {
+                    let len = payload_len(&header);
+                    decoded.push(frame(header, &rest.split_to(len)));
+                }
+                prop_assert!(rest.is_empty());
+                prop_assert_eq!(decoded, frames);
+            }
         }
     }
 }
