@@ -531,6 +531,16 @@ mod tests {
                     decoded.push(frame(header, &slice[..len]));
                     slice = &slice[len..];
                 }
+                // Every frame whole before the cut came from the slice.
+                let mut end = 0;
+                let whole = frames
+                    .iter()
+                    .take_while(|frame| {
+                        end += HEADER_LEN + frame.payload.len();
+                        end <= cut
+                    })
+                    .count();
+                prop_assert_eq!(decoded.len(), whole);
                 let mut rest = BytesMut::from(slice);
                 rest.extend_from_slice(&wire[cut..]);
                 while let Some(header) = codec.decode_complete(&mut rest).expect("valid") {
