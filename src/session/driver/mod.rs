@@ -1,7 +1,7 @@
 //! [`Connection`]: the future that drives one session's transport.
 //!
-//! It alone reads and writes the transport, and talks to the session's core only through its
-//! methods. Each poll it (1) reads whatever the transport has and applies the frames to the
+//! It alone reads the transport, and writes it but for the frames writers write themselves
+//! (see `session::direct`); it talks to the session's core only through its methods. Each poll it (1) reads whatever the transport has and applies the frames to the
 //! core, (2) takes the queued frames (control first, then data) and writes them, (3) runs the
 //! keepalive, idle and write-stall timers. Reading never waits for the application: received
 //! data goes into per-stream buffers bounded by the credit this side granted, inbound streams
