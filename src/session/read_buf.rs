@@ -22,7 +22,7 @@ pub(crate) const MAX_SIZE: usize = 128 * 1024;
 /// for a few small frames. A session that trades small messages never needs more, and the
 /// buffer it frees when it goes quiet is a small hole in the heap, not 8 KiB of partly used
 /// pages that the allocator cannot return (`benches/idle_sessions.rs`: 4,862 bytes resident
-/// per idle session end with 8 KiB, 3,761 with 1 KiB, and, with later changes, 2,911 with
+/// per idle session end with 8 KiB, 3,760 with 1 KiB, and, with later changes, 2,911 with
 /// 1 KiB and 2,798 with 512 bytes). Reads that fill it double it up to `MIN_SPACE`, then move
 /// the session to full-size buffers.
 const START: usize = 512;

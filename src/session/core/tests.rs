@@ -90,17 +90,24 @@ impl Core {
 
     /// The driver takes a batch of at most `budget` bytes of data, and the transport takes all
     /// of it: its control part and its data part.
+    /// The driver takes a batch of at most `budget` bytes of data into `control` and `data`,
+    /// nothing of it written yet.
+    fn take_into(
+        &mut self,
+        budget: usize,
+        control: &mut Vec<u8>,
+        data: &mut OutQueue,
+        wakers: &mut Vec<Waker>,
+    ) -> super::Batch {
+        let mut starts = Default::default();
+        self.inner
+            .take_batch(self.now, budget, control, data, &mut starts, wakers)
+    }
+
     fn take_all(&mut self, budget: usize) -> (Vec<u8>, Vec<u8>) {
         let (mut control, mut data) = (Vec::new(), OutQueue::new());
         let mut wakers = Vec::new();
-        let batch = self.inner.take_batch(
-            self.now,
-            budget,
-            &mut control,
-            &mut data,
-            &mut Default::default(),
-            &mut wakers,
-        );
+        let batch = self.take_into(budget, &mut control, &mut data, &mut wakers);
         let data = data.to_vec();
         self.inner.written(
             batch.data_start + data.len() as u64,
@@ -341,14 +348,7 @@ fn a_stream_is_written_once_its_own_bytes_are() {
         .poll_write(a, Waker::noop(), &[1; 100])
         .is_ready());
     let (mut control, mut data) = (Vec::new(), OutQueue::new());
-    let batch = core.inner.take_batch(
-        core.now,
-        usize::MAX,
-        &mut control,
-        &mut data,
-        &mut Default::default(),
-        &mut Vec::new(),
-    );
+    let batch = core.take_into(usize::MAX, &mut control, &mut data, &mut Vec::new());
     // B writes behind A's batch, and A closes.
     assert!(core
         .inner
@@ -600,14 +600,7 @@ fn nothing_overtakes_an_unwritten_open() {
     let mut core = Core::new(Role::Client, Config::default().receive_window(1 << 20));
     let (key, id) = core.open();
     let (mut control, mut data) = (Vec::new(), OutQueue::new());
-    let batch = core.inner.take_batch(
-        core.now,
-        usize::MAX,
-        &mut control,
-        &mut data,
-        &mut Default::default(),
-        &mut Vec::new(),
-    );
+    let batch = core.take_into(usize::MAX, &mut control, &mut data, &mut Vec::new());
     assert!(
         control.is_empty(),
         "the window is announced behind the open"
@@ -629,14 +622,7 @@ fn nothing_overtakes_an_unwritten_open() {
     let written = batch.data_start + data.len() as u64;
     core.inner
         .written(written, batch.control_end, 0, &mut Vec::new());
-    core.inner.take_batch(
-        core.now,
-        usize::MAX,
-        &mut control,
-        &mut later,
-        &mut Default::default(),
-        &mut Vec::new(),
-    );
+    core.take_into(usize::MAX, &mut control, &mut later, &mut Vec::new());
     assert_eq!(
         kinds(&headers(&later.to_vec())),
         vec![(id, Kind::CloseWrite), (id, Kind::CloseRead)]

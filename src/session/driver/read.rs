@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::error::{CodecError, Error};
-use crate::frame::{Kind, HEADER_LEN};
+use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::session::core::recv_buf::{Payload, PIN_MIN};
 use crate::session::core::PeerKind;
 
@@ -178,10 +178,7 @@ where
             }
             match self.codec.decode_complete_slice(&mut bytes) {
                 Ok(Some(header)) => {
-                    let len = match header.kind {
-                        Kind::Data => header.length as usize,
-                        _ => 0,
-                    };
+                    let len = payload_len(&header);
                     let payload = Payload::Borrowed(&bytes[..len]);
                     let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
                     bytes = &bytes[len..];
@@ -191,17 +188,12 @@ where
                 }
                 // Not reached: the frame was checked whole.
                 Ok(None) => break Ok(()),
-                Err(CodecError::Protocol(e)) => break Err(e.into()),
-                Err(CodecError::Io(e)) => break Err(e.into()),
-                Err(CodecError::InvalidFrame(_)) => break Ok(()),
+                Err(error) => break decode_failure(error).map_or(Ok(()), Err),
             }
         };
         let kind = inner.peer_kind();
         drop(inner);
-        if !self.peer_known {
-            self.learn_peer(kind);
-        }
-        self.wake_collected();
+        self.after_frames(kind);
         if result.is_ok() && !bytes.is_empty() {
             self.read_buf.extend_from_read(bytes);
         }
@@ -221,10 +213,7 @@ where
             let buf = self.read_buf.get_mut();
             match self.codec.decode_complete(buf) {
                 Ok(Some(header)) => {
-                    let len = match header.kind {
-                        Kind::Data => header.length as usize,
-                        _ => 0,
-                    };
+                    let len = payload_len(&header);
                     // A long payload stays a slice of the read buffer; a short one (and the
                     // empty one of other kinds) is copied out by the stream straight from here.
                     let (payload, rest) = if len >= PIN_MIN {
@@ -239,19 +228,22 @@ where
                     }
                 }
                 Ok(None) => break Ok(false),
-                Err(CodecError::Protocol(e)) => break Err(e.into()),
-                Err(CodecError::Io(e)) => break Err(e.into()),
-                // Only the encoder reports it.
-                Err(CodecError::InvalidFrame(_)) => break Ok(false),
+                Err(error) => break decode_failure(error).map_or(Ok(false), Err),
             }
         };
         let kind = inner.peer_kind();
         drop(inner);
+        self.after_frames(kind);
+        result
+    }
+
+    /// Once frames were applied (the lock released): learns the peer's kind from its first
+    /// frame, and wakes the tasks the frames made ready.
+    fn after_frames(&mut self, kind: PeerKind) {
         if !self.peer_known {
             self.learn_peer(kind);
         }
         self.wake_collected();
-        result
     }
 
     /// Once the peer's first frame told what it is: a peer of this crate that announced a
@@ -269,5 +261,23 @@ where
             }
             PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
         }
+    }
+}
+
+/// The payload's length: a Data frame's `length`; other kinds carry none.
+fn payload_len(header: &Header) -> usize {
+    match header.kind {
+        Kind::Data => header.length as usize,
+        _ => 0,
+    }
+}
+
+/// The error a decoding failure ends the session with; `None` for what only the encoder
+/// reports.
+fn decode_failure(error: CodecError) -> Option<Error> {
+    match error {
+        CodecError::Protocol(e) => Some(e.into()),
+        CodecError::Io(e) => Some(e.into()),
+        CodecError::InvalidFrame(_) => None,
     }
 }

@@ -148,14 +148,7 @@ impl Seen {
         let frames_before = core.inner.stats().frames_sent;
         let (mut control, mut data) = (Vec::new(), crate::session::out_queue::OutQueue::new());
         let mut wakers = Vec::new();
-        let batch = core.inner.take_batch(
-            core.now,
-            budget,
-            &mut control,
-            &mut data,
-            &mut Default::default(),
-            &mut wakers,
-        );
+        let batch = core.take_into(budget, &mut control, &mut data, &mut wakers);
         let data = data.to_vec();
         let frames = super::headers(&control).len() + super::headers(&data).len();
         assert_eq!(
@@ -309,14 +302,7 @@ fn spare_queue_buffers_hold_at_most_their_bound() {
             .expect("credit");
         write(&mut core, key, 64 * 1024);
         let mut data = crate::session::out_queue::OutQueue::new();
-        let batch = core.inner.take_batch(
-            core.now,
-            1 << 20,
-            &mut Vec::new(),
-            &mut data,
-            &mut Default::default(),
-            &mut wakers,
-        );
+        let batch = core.take_into(1 << 20, &mut Vec::new(), &mut data, &mut wakers);
         end = batch.data_start + data.len() as u64;
         control_end = batch.control_end;
     }
@@ -595,14 +581,7 @@ fn a_queue_buffer_larger_than_the_spare_bound_is_not_kept() {
     data.extend_from_slice(&vec![0; 1 << 20]);
     data.clear();
     let mut wakers = Vec::new();
-    let batch = core.inner.take_batch(
-        core.now,
-        1 << 20,
-        &mut Vec::new(),
-        &mut data,
-        &mut Default::default(),
-        &mut wakers,
-    );
+    let batch = core.take_into(1 << 20, &mut Vec::new(), &mut data, &mut wakers);
     assert_eq!(data.len(), 2008, "the frame went in the batch");
     let held = core.inner.data_capacity();
     assert!(held >= 1 << 20, "the queue took the batch's buffer: {held}");
@@ -630,14 +609,7 @@ fn a_long_lived_queue_hands_its_buffer_over_batch_after_batch() {
     let mut wakers = Vec::new();
     let mut take = |core: &mut super::Core| {
         let mut data = crate::session::out_queue::OutQueue::new();
-        let batch = core.inner.take_batch(
-            core.now,
-            1 << 20,
-            &mut Vec::new(),
-            &mut data,
-            &mut Default::default(),
-            &mut wakers,
-        );
+        let batch = core.take_into(1 << 20, &mut Vec::new(), &mut data, &mut wakers);
         let bytes = data.to_vec();
         (
             batch.data_start + bytes.len() as u64,
