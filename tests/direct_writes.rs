@@ -13,6 +13,7 @@
 //!   frame; the transport is closed when the driver ends, though a stream handle is held,
 //!   and shut down first when the session closes gracefully.
 //!   (These were found by mutation testing, `scripts/mutants.sh --part core`.)
+//! - A driver that found the transport taken by a writer is woken when the writer lets go.
 //!
 //! Both ends closing while busy over TCP, with direct writes in flight, is in
 //! `tests/core_findings_b.rs` (`closing_a_busy_session_*`) and `tests/close_paths.rs`.
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::{pattern, spawn_echo, within};
+use common::{pattern, spawn_echo, within, within_for};
 use gomux::frame::{Header, Kind, HEADER_LEN};
 use gomux::{Config, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
@@ -557,4 +558,106 @@ async fn a_spawned_session_closed_gracefully_shuts_its_transport_down() {
         seen.ends_with(GOODBYE),
         "the transport was shut down: {seen:?}"
     );
+}
+
+/// Holds the thread of the next write after it is armed, once that write is in the pipe: says
+/// so on `entered`, then waits for `release`. The transport stays taken (by the writer) all the
+/// while, so a driver that runs meanwhile finds it taken.
+struct HoldOnce {
+    armed: Arc<Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>>,
+}
+
+impl Shape for HoldOnce {
+    fn write(
+        &mut self,
+        inner: &mut DuplexStream,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(inner).poll_write(cx, buf);
+        let hold = self.armed.lock().expect("armed").take();
+        if let Some((entered, release)) = hold {
+            entered.send(()).expect("the test waits");
+            release.recv().expect("the test releases");
+        }
+        result
+    }
+
+    /// Vectored: the frame's header and payload in one call, so that the peer has the whole
+    /// message while the writer still holds the transport.
+    fn vectored(&self) -> Option<usize> {
+        Some(usize::MAX)
+    }
+}
+
+/// A driver that wanted the transport while a writer had it is woken when the writer lets go
+/// (`IoCell::released`). The session is quiet (keepalives off, nothing left to linger over), so
+/// nothing else would wake it: the echo of the writer's message arrives while the writer still
+/// holds the transport (its thread blocked in the write for 300 ms), the driver finds the
+/// transport taken, and the echo is read only if the writer's release wakes the driver. Without
+/// that wake the read waits forever and the test fails on its time limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_found_the_transport_taken_is_woken_when_the_writer_lets_go() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let armed = Arc::default();
+    let client = Session::with_config(
+        shaped(
+            a,
+            HoldOnce {
+                armed: Arc::clone(&armed),
+            },
+        ),
+        Role::Client,
+        Config::default().keepalive_interval(None),
+    );
+    // The peer runs on a runtime of its own: woken from the writer's worker thread, its task
+    // would otherwise wait in that worker's slot for the next task, unstolen, until the
+    // writer lets go.
+    let peer = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let server = Session::server(b);
+            while let Ok(stream) = server.accept().await {
+                common::echo(stream).await;
+            }
+        });
+    });
+    let mut stream = within("open", client.open()).await.expect("open");
+    let mut echoed = [0; 4];
+    within("the first echo", async {
+        stream.write_all(b"open").await.expect("write");
+        stream.read_exact(&mut echoed).await.expect("echo");
+    })
+    .await;
+    // Past the linger (1 s): the session holds no buffers and has no timer running.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    *armed.lock().expect("armed") = Some((entered_tx, release_rx));
+    let writer = tokio::spawn(async move {
+        stream.write_all(b"ping").await.expect("write");
+        stream
+    });
+    tokio::task::spawn_blocking(move || entered.recv().expect("the writer writes"))
+        .await
+        .expect("entered");
+    // The echo comes back and the driver, woken to read it, finds the transport taken.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release.send(()).expect("the writer waits");
+    let mut stream = within("the write", writer).await.expect("writer");
+    within_for(
+        Duration::from_secs(10),
+        "the echo read after the writer let go of the transport",
+        stream.read_exact(&mut echoed),
+    )
+    .await
+    .expect("echo");
+    assert_eq!(&echoed, b"ping");
+    drop((stream, client));
+    tokio::task::spawn_blocking(move || peer.join().expect("the peer ends"))
+        .await
+        .expect("join");
 }
