@@ -215,6 +215,13 @@ impl Outgoing {
         control_written_to(self.control_written, mark)
     }
 
+    /// As if `n` more control entries had been pushed (and taken): the position after them.
+    #[cfg(test)]
+    pub(super) fn pass_control(&mut self, n: u64) -> u64 {
+        self.control_pushed += n;
+        self.control_pushed
+    }
+
     /// Whether writers or openers wait for room.
     fn room_waiting(&self) -> bool {
         self.waits.as_ref().is_some_and(|w| !w.room.is_empty())
@@ -226,10 +233,18 @@ impl Outgoing {
 }
 
 /// Whether the control queue is written up to `mark`, a position (wrapping) in it, as of
-/// `written`.
+/// `written`. Right while `mark` is less than 2^31 entries behind or ahead: a mark not yet
+/// written is at most the control queue's bound ahead, and [`Inner::forget_written_closes`]
+/// drops written marks before they are 2^31 behind.
 fn control_written_to(written: u64, mark: u32) -> bool {
     (written as u32).wrapping_sub(mark) < 1 << 31
 }
+
+/// Every 2^30 control entries written, streams forget the marks of their closes written by
+/// then: a mark kept is never more than 2^31 behind, where its wrapping comparison would turn
+/// back to unwritten (and a flush of a stream whose close went out long before would wait for
+/// 2^31 more). One pass over the streams per 2^30 control frames.
+const CLOSE_MARK_SWEEP: u32 = 30;
 
 impl Inner {
     // -----------------------------------------------------------------------------------------
@@ -736,8 +751,12 @@ impl Inner {
     pub(crate) fn written(&mut self, data: u64, control: u64, bytes: u64, wakers: &mut Vec<Waker>) {
         let out = &mut self.out;
         out.data_written = out.data_written.max(data);
+        let before = out.control_written;
         out.control_written = out.control_written.max(control);
         out.bytes_written += bytes;
+        if (before ^ out.control_written) >> CLOSE_MARK_SWEEP != 0 {
+            self.forget_written_closes();
+        }
         while let Some((key, id)) = self.out.queues.next_written(self.out.data_written) {
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
                 stream.send_queue = NO_QUEUE;
@@ -755,6 +774,19 @@ impl Inner {
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
                 stream.queued.set(Queued::FLUSH, false);
                 stream.wake_writer(WriteWait::Written, wakers);
+            }
+        }
+    }
+
+    /// Streams whose close in the control queue is written forget its mark (see
+    /// [`CLOSE_MARK_SWEEP`]).
+    fn forget_written_closes(&mut self) {
+        let written = self.out.control_written;
+        for stream in self.streams.iter_mut() {
+            if stream.queued.has(Queued::CLOSE_IN_CONTROL)
+                && control_written_to(written, stream.close_mark)
+            {
+                stream.queued.set(Queued::CLOSE_IN_CONTROL, false);
             }
         }
     }

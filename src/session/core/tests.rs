@@ -883,3 +883,35 @@ fn frames_are_cut_to_the_turn_and_the_stream_is_written_after_the_last_part() {
 mod send_path;
 
 mod recv_path;
+
+/// A stream whose close went out through the control queue long ago counts as written however
+/// many control frames follow: 2^31 of them (the positions compare wrapping, in 32 bits) do not
+/// turn it back to unwritten, which would leave a flush of it waiting for 2^31 more.
+#[test]
+fn a_close_written_long_ago_stays_written() {
+    let mut core = Core::new(Role::Client, Config::default());
+    let (key, _) = core.open();
+    let (mut control, mut data) = (Vec::new(), OutQueue::new());
+    let batch = core.take_into(usize::MAX, &mut control, &mut data, &mut Vec::new());
+    let written = batch.data_start + data.len() as u64;
+    core.inner
+        .written(written, batch.control_end, 0, &mut Vec::new());
+    // Nothing of it is unwritten: its close goes in the control queue.
+    core.inner.shutdown(key);
+    let mut control = Vec::new();
+    let end = core
+        .inner
+        .take_control(core.now, &mut control, &mut Vec::new());
+    assert_eq!(control.len(), 8, "the CloseWrite");
+    core.inner.written(written, end, 8, &mut Vec::new());
+    assert!(core.inner.is_written(key));
+    // 2^31 control frames later, written in steps of 2^20.
+    for _ in 0..1 << 11 {
+        let pushed = core.inner.out.pass_control(1 << 20);
+        core.inner.written(written, pushed, 0, &mut Vec::new());
+    }
+    assert!(
+        core.inner.is_written(key),
+        "the close written 2^31 control frames ago is still written"
+    );
+}
