@@ -46,8 +46,13 @@ trait Shape: Unpin {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(inner).poll_write(cx, buf)
+        let result = Pin::new(inner).poll_write(cx, buf);
+        self.wrote(&result);
+        result
     }
+
+    /// Sees what a write (the pipe's own, by default `write`) came to.
+    fn wrote(&mut self, _result: &Poll<io::Result<usize>>) {}
 
     fn flush(&mut self, inner: &mut DuplexStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(inner).poll_flush(cx)
@@ -128,20 +133,13 @@ struct Recording {
 }
 
 impl Shape for Recording {
-    fn write(
-        &mut self,
-        inner: &mut DuplexStream,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = result {
+    fn wrote(&mut self, result: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = *result {
             if n > 0 {
                 let mut calls = self.calls.lock().expect("calls");
                 calls.push((tokio::task::try_id(), n));
             }
         }
-        result
     }
 }
 
@@ -568,19 +566,12 @@ struct HoldOnce {
 }
 
 impl Shape for HoldOnce {
-    fn write(
-        &mut self,
-        inner: &mut DuplexStream,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(inner).poll_write(cx, buf);
+    fn wrote(&mut self, _result: &Poll<io::Result<usize>>) {
         let hold = self.armed.lock().expect("armed").take();
         if let Some((entered, release)) = hold {
             entered.send(()).expect("the test waits");
             release.recv().expect("the test releases");
         }
-        result
     }
 
     /// Vectored: the frame's header and payload in one call, so that the peer has the whole
