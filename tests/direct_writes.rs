@@ -562,8 +562,11 @@ async fn a_spawned_session_closed_gracefully_shuts_its_transport_down() {
 /// so on `entered`, then waits for `release`. The transport stays taken (by the writer) all the
 /// while, so a driver that runs meanwhile finds it taken.
 struct HoldOnce {
-    armed: Arc<Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>>,
+    armed: Arc<Mutex<Option<Hold>>>,
 }
+
+/// Where a held write says it has the transport, and where it waits to let go.
+type Hold = (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>);
 
 impl Shape for HoldOnce {
     fn wrote(&mut self, _result: &Poll<io::Result<usize>>) {

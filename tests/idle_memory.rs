@@ -21,7 +21,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 /// Longer than the session's linger (one second), so that it has gone quiet.
 const QUIET: Duration = Duration::from_secs(2);
 /// What the session end holds once quiet, the pipe and the stream included, at most. Measured
-/// at 2,148 bytes here (`cargo test --test idle_memory -- --nocapture`) since the state of
+/// at 1,996 bytes here (`cargo test --test idle_memory -- --nocapture`) since the driver's
+/// task went from 512 bytes to 384 (its read buffer boxed apart, one timer for the peer's
+/// silence, the batch size kept with the write batch) and the shared state lost 24 bytes;
+/// 2,148 since the state of
 /// waits and failures moved out of the session's shared state (it is 944 bytes, from 1,144),
 /// 2,348 before that; since the driver's write batch and read spares are kept apart from its
 /// task and dropped when the session goes quiet, and the linger shares the driver's timer
@@ -31,7 +34,10 @@ const QUIET: Duration = Duration::from_secs(2);
 /// session shares with its writers (direct writes); 2,948 before both; before idle sessions gave their buffers back,
 /// 13,420 (an 8 KiB read buffer, a 4 KiB stream buffer kept for reuse and the 2 KiB list it
 /// was kept in).
-const IDLE_BOUND: usize = 2240;
+const IDLE_BOUND: usize = 2080;
+/// The read buffer's state (its box in the driver), which a session keeping a partial frame
+/// keeps with it: 88 bytes, and the allocator's rounding.
+const READ_STATE: usize = 128;
 /// The pipe's buffer.
 const PIPE: usize = 4096;
 /// The largest Data payload.
@@ -167,7 +173,7 @@ async fn a_frame_split_across_the_release_is_read_whole() {
         "the session reads the frame into a buffer with room for all of it ({busy} bytes)"
     );
     assert!(
-        held <= first + PIPE + IDLE_BOUND,
+        held <= first + PIPE + IDLE_BOUND + READ_STATE,
         "the session keeps the partial frame, not the buffer it was read into ({held} bytes)"
     );
 

@@ -38,178 +38,182 @@ const SPARES: usize = 64;
 /// Spares are dropped once the driver has gone this long without needing a new buffer.
 const SPARE_LINGER: Duration = Duration::from_secs(1);
 
+/// The read buffer: 16 bytes in the driver, the buffers and their state in a box that exists
+/// only while the session has a buffer, so that an idle session's driver task, which tokio
+/// allocates in steps of 128 bytes, stays in a smaller step (`benches/idle_sessions.rs`).
 pub(crate) struct ReadBuffer {
-    buf: BytesMut,
-    /// Made by the first switch to another buffer: a session that only trades small messages
-    /// never has them, and its driver's task is smaller by this much.
-    spares: Option<Box<Spares>>,
+    /// `None`: no buffer is allocated, none yet or it was given back while the session was
+    /// quiet.
+    held: Option<Box<Held>>,
     /// How much room the next buffer gets, between `START` and `MAX_SIZE`.
-    size: usize,
-    /// The current buffer's number and size, for the core's account of pinned buffers.
-    source: Source,
-    /// No buffer is allocated: none yet, or it was given back while the session was quiet.
-    released: bool,
+    size: u32,
+    /// The current buffer's number, for the core's account of pinned buffers.
+    generation: u32,
 }
 
-struct Spares {
-    buffers: Vec<BytesMut>,
+struct Held {
+    buf: BytesMut,
+    /// The current buffer's capacity when it was made, for the core's account of pinned
+    /// buffers.
+    capacity: usize,
+    /// Retired buffers for reuse: a session that only trades small messages never has any.
+    spares: Vec<BytesMut>,
     /// When the driver last moved to another buffer.
-    last_switch: Instant,
+    last_switch: Option<Instant>,
 }
 
 impl ReadBuffer {
     pub(crate) fn new() -> ReadBuffer {
         ReadBuffer {
-            // Allocated by the first read (see `prepare`).
-            buf: BytesMut::new(),
-            spares: None,
-            size: START,
-            source: Source {
-                generation: 0,
-                capacity: 0,
-            },
-            released: true,
+            held: None,
+            size: START as u32,
+            generation: 0,
         }
     }
 
-    /// The buffer to read into and decode from.
+    /// The buffer, empty and without capacity when none is allocated.
     pub(crate) fn get_mut(&mut self) -> &mut BytesMut {
-        &mut self.buf
+        &mut self.held_mut().buf
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.held.as_ref().is_none_or(|held| held.buf.is_empty())
     }
 
-    /// Whether no buffer is allocated (none yet, or given back while the session was quiet)
-    /// and nothing is buffered: the next read may go to the stack (see
-    /// `Connection::poll_read_frames`).
+    /// No buffer is allocated.
     pub(crate) fn is_unallocated(&self) -> bool {
-        self.released && self.buf.is_empty()
+        self.held.is_none()
     }
 
-    /// Buffers `bytes` read elsewhere (a read made on the stack that left a partial frame, or
-    /// one the session hands out as a slice), in a buffer made as for a read.
+    /// Appends what was read elsewhere (into the stack), making room for it.
     pub(crate) fn extend_from_read(&mut self, bytes: &[u8]) {
         self.prepare(bytes.len());
-        self.buf.extend_from_slice(bytes);
+        self.get_mut().extend_from_slice(bytes);
     }
 
-    /// The buffer that payloads decoded now are slices of.
     pub(crate) fn source(&self) -> Source {
-        self.source
+        Source {
+            generation: self.generation,
+            capacity: self.held.as_ref().map_or(0, |held| held.capacity),
+        }
     }
 
-    /// Makes room for the next read, and for the `missing` rest of a partial frame so that
-    /// decoding it needs no reallocation; returns how much room there is.
+    /// Makes room for the next read, at least `missing` bytes (the rest of a frame whose start
+    /// is buffered): reuses the buffer's free space, or reclaims the buffer once its slices are
+    /// gone, or moves to another. Returns the room.
     pub(crate) fn prepare(&mut self, missing: usize) -> usize {
-        if self.released {
-            // Given back while the session was quiet: start again as a new session does, not
-            // with a buffer sized for the largest partial frame (a session woken by a
-            // keepalive reads 8 bytes).
-            self.released = false;
-            self.buf = BytesMut::with_capacity(START.max(missing));
+        let size = self.size as usize;
+        let Some(held) = self.held.as_deref_mut() else {
+            self.held = Some(Box::new(Held {
+                buf: BytesMut::with_capacity(START.max(missing)),
+                capacity: 0,
+                spares: Vec::new(),
+                last_switch: None,
+            }));
             self.next_source();
             return self.space();
-        }
-        let room = self.size.max(missing);
-        // A small first buffer is read into until half of it is used.
-        let least = MIN_SPACE.min(self.size / 2).max(missing);
-        if self.space() < least && !self.buf.try_reclaim(room) {
+        };
+        let room = size.max(missing);
+        let least = MIN_SPACE.min(size / 2).max(missing);
+        let space = held.buf.capacity() - held.buf.len();
+        if space < least && !held.buf.try_reclaim(room) {
             self.switch(room);
         }
         self.space()
     }
 
-    /// A read filled all the room there was: the transport has more, so read bigger next time.
+    /// The last read filled the room: the next buffer gets twice as much.
     pub(crate) fn filled(&mut self) {
-        self.size = (self.size * 2).min(MAX_SIZE);
+        self.size = (self.size * 2).min(MAX_SIZE as u32);
     }
 
-    /// A read found the transport empty. If no new buffer was needed for a while, traffic is
-    /// light and the spares would only hold memory: drop them. (The keepalive wakes an idle
-    /// driver, so this runs even when nothing more arrives.)
+    /// Everything read so far is applied: spares go once no new buffer was needed for a while.
     pub(crate) fn drained(&mut self) {
-        if self
-            .spares
-            .as_ref()
-            .is_some_and(|spares| spares.last_switch.elapsed() >= SPARE_LINGER)
-        {
-            self.spares = None;
+        if let Some(held) = self.held.as_deref_mut() {
+            if held
+                .last_switch
+                .is_some_and(|at| at.elapsed() >= SPARE_LINGER)
+            {
+                held.spares = Vec::new();
+                held.last_switch = None;
+            }
         }
     }
 
-    /// Gives the buffers back to the allocator: the session has gone quiet (see
-    /// `session::linger`). A partial frame keeps only its own bytes, in a buffer of their size;
-    /// the next read starts at `START`, as a new session's does. Slices already handed to
-    /// streams keep their buffer alive until they are read, as always.
+    /// The session went quiet: gives the buffers back, but for a partial frame's bytes, kept
+    /// in a buffer of their size.
     pub(crate) fn release(&mut self) {
-        self.spares = None;
-        self.size = START;
-        if self.buf.is_empty() {
-            self.buf = BytesMut::new();
-            self.released = true;
+        self.size = START as u32;
+        let Some(held) = self.held.as_deref_mut() else {
+            return;
+        };
+        if held.buf.is_empty() {
+            self.held = None;
             self.next_source();
-        } else if self.buf.capacity() > self.buf.len() {
-            self.buf = BytesMut::from(&self.buf[..]);
+            return;
+        }
+        held.spares = Vec::new();
+        held.last_switch = None;
+        if held.buf.capacity() > held.buf.len() {
+            held.buf = BytesMut::from(&held.buf[..]);
             self.next_source();
         }
     }
 
-    /// Bytes held: the current buffer and the spares, for tests.
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
-        self.buf.capacity() + self.spare_buffers().map(BytesMut::capacity).sum::<usize>()
+        self.held.as_ref().map_or(0, |held| held.buf.capacity())
+            + self.spare_buffers().map(BytesMut::capacity).sum::<usize>()
     }
 
     #[cfg(test)]
     fn spare_buffers(&self) -> impl Iterator<Item = &BytesMut> {
-        self.spares.iter().flat_map(|spares| &spares.buffers)
+        self.held.iter().flat_map(|held| &held.spares)
     }
 
-    /// The current buffer is a new one: payloads decoded from now on pin it, not the last.
+    fn held_mut(&mut self) -> &mut Held {
+        self.held.get_or_insert_with(|| {
+            Box::new(Held {
+                buf: BytesMut::new(),
+                capacity: 0,
+                spares: Vec::new(),
+                last_switch: None,
+            })
+        })
+    }
+
     fn next_source(&mut self) {
-        self.source = Source {
-            generation: self.source.generation.wrapping_add(1),
-            capacity: self.buf.capacity(),
-        };
+        self.generation = self.generation.wrapping_add(1);
+        if let Some(held) = self.held.as_deref_mut() {
+            held.capacity = held.buf.capacity();
+        }
     }
 
     fn space(&self) -> usize {
-        self.buf.capacity() - self.buf.len()
+        self.held
+            .as_ref()
+            .map_or(0, |held| held.buf.capacity() - held.buf.len())
     }
 
-    /// Moves the unread bytes (a partial frame) to a spare buffer that nothing pins any more, or
-    /// to a new one, and retires the current buffer as a spare.
     fn switch(&mut self, room: usize) {
-        // Room for the partial frame and a full read: at most 64 KiB + 8 + `MAX_SIZE`.
-        let need = self.buf.len() + room;
-        let now = Instant::now();
-        let spares = self.spares.get_or_insert_with(|| {
-            Box::new(Spares {
-                buffers: Vec::new(),
-                last_switch: now,
-            })
-        });
-        let free = spares.buffers.iter_mut().position(|b| b.try_reclaim(need));
+        let size = self.size as usize;
+        let held = self.held_mut();
+        let need = held.buf.len() + room;
+        let free = held.spares.iter_mut().position(|b| b.try_reclaim(need));
         let mut next = match free {
-            Some(index) => spares.buffers.swap_remove(index),
-            // Growing from `START`: the next size up, so that a session trading messages of a
-            // few KiB gets buffers of their size.
-            None if self.size < MIN_SPACE => BytesMut::with_capacity(need.max(self.size)),
-            // Sized for the largest partial frame, so that any spare can serve any switch.
-            None => BytesMut::with_capacity(need.max(self.size + PARTIAL_MAX)),
+            Some(index) => held.spares.swap_remove(index),
+            None if size < MIN_SPACE => BytesMut::with_capacity(need.max(size)),
+            None => BytesMut::with_capacity(need.max(size + PARTIAL_MAX)),
         };
-        next.extend_from_slice(&self.buf);
-        spares.last_switch = now;
-        let mut retired = std::mem::replace(&mut self.buf, next);
-        // A buffer the session started with is too small to serve a switch once it grew.
-        if self.source.capacity >= MIN_SPACE {
+        next.extend_from_slice(&held.buf);
+        held.last_switch = Some(Instant::now());
+        let mut retired = std::mem::replace(&mut held.buf, next);
+        if held.capacity >= MIN_SPACE {
             retired.clear();
-            if spares.buffers.len() == SPARES {
-                spares.buffers.remove(0);
+            if held.spares.len() == SPARES {
+                held.spares.remove(0);
             }
-            spares.buffers.push(retired);
+            held.spares.push(retired);
         }
         self.next_source();
     }
@@ -271,7 +275,7 @@ mod tests {
             "no other buffer"
         );
         assert_eq!(first.capacity, START);
-        assert!(buffer.spares.is_none());
+        assert_eq!(buffer.spare_buffers().count(), 0);
     }
 
     #[test]
@@ -344,6 +348,6 @@ mod tests {
         );
         tokio::time::advance(SPARE_LINGER).await;
         buffer.drained();
-        assert!(buffer.spares.is_none());
+        assert_eq!(buffer.spare_buffers().count(), 0);
     }
 }

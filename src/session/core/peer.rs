@@ -56,10 +56,13 @@ pub(crate) fn greeting(keepalive: Option<Duration>) -> Header {
     }
 }
 
+/// Until when a session that started at `started` waits for the peer's greeting.
+pub(super) fn greeting_deadline(started: Instant) -> Instant {
+    started + GREETING_WAIT
+}
+
 pub(super) struct Peer {
     pub(super) kind: PeerKind,
-    /// When the session started, for [`GREETING_WAIT`].
-    started: Instant,
     /// Streams this side opened that the peer has said nothing about yet (counted whatever the
     /// peer's kind, held against the backlog only while it is not plain).
     pub(super) unacked: usize,
@@ -76,10 +79,9 @@ struct Line {
 }
 
 impl Peer {
-    pub(super) fn new(now: Instant) -> Peer {
+    pub(super) fn new() -> Peer {
         Peer {
             kind: PeerKind::Unknown,
-            started: now,
             unacked: 0,
             line: None,
         }
@@ -105,17 +107,13 @@ impl Peer {
     }
 
     /// Whether unacknowledged streams hold opens back at `now`: towards a peer of this crate,
-    /// or one not heard from yet within [`GREETING_WAIT`] of the start.
-    pub(super) fn holds_opens(&self, now: Instant) -> bool {
+    /// or one not heard from yet within [`GREETING_WAIT`] of the session's start, `started`.
+    pub(super) fn holds_opens(&self, now: Instant, started: Instant) -> bool {
         match self.kind {
             PeerKind::Greeted { .. } => true,
             PeerKind::Plain => false,
-            PeerKind::Unknown => now < self.greeting_deadline(),
+            PeerKind::Unknown => now < greeting_deadline(started),
         }
-    }
-
-    pub(super) fn greeting_deadline(&self) -> Instant {
-        self.started + GREETING_WAIT
     }
 
     /// Whether the open holding `slot` is next in line: nobody waits, or it is the oldest.
@@ -217,7 +215,7 @@ mod tests {
         assert_eq!(greeting(None).length, 0);
         assert_eq!(greeting(Some(Duration::MAX)).length, 0, "too long: none");
         assert_eq!(greeting(Some(Duration::from_micros(1))).length, 1);
-        let mut peer = Peer::new(Instant::now());
+        let mut peer = Peer::new();
         peer.on_first_frame(&greeting(Some(Duration::from_secs(30))));
         assert_eq!(
             peer.kind,
@@ -237,25 +235,25 @@ mod tests {
             Header::new(GREETING_ID, Kind::WindowUpdate),
             Header::new(1, Kind::OpenStream),
         ] {
-            let mut peer = Peer::new(Instant::now());
+            let mut peer = Peer::new();
             peer.on_first_frame(&first);
             assert_eq!(peer.kind, PeerKind::Plain, "{first:?}");
-            assert!(!peer.holds_opens(Instant::now()));
+            assert!(!peer.holds_opens(Instant::now(), Instant::now()));
         }
     }
 
     #[test]
     fn an_unknown_peer_holds_opens_for_the_greeting_wait_only() {
         let start = Instant::now();
-        let peer = Peer::new(start);
-        assert!(peer.holds_opens(start));
-        assert!(peer.holds_opens(start + GREETING_WAIT - Duration::from_millis(1)));
-        assert!(!peer.holds_opens(start + GREETING_WAIT));
+        let peer = Peer::new();
+        assert!(peer.holds_opens(start, start));
+        assert!(peer.holds_opens(start + GREETING_WAIT - Duration::from_millis(1), start));
+        assert!(!peer.holds_opens(start + GREETING_WAIT, start));
     }
 
     #[test]
     fn opens_wait_in_line_and_a_cancelled_one_passes_its_turn_on() {
-        let mut peer = Peer::new(Instant::now());
+        let mut peer = Peer::new();
         let (mut a, mut b) = (None, None);
         assert!(peer.first_in_line(None), "nobody waits");
         peer.wait(&mut a, Waker::noop());

@@ -85,7 +85,7 @@ impl Inner {
         now: Instant,
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
-        let (micros, min_rtt) = (self.micros(now), self.min_rtt);
+        let (micros, min_rtt) = (self.micros(now), self.min_rtt.get());
         let Some(key) = self.key_of(id) else {
             return Ok(()); // Unknown or closed: races with a local close.
         };
@@ -123,7 +123,7 @@ impl Inner {
         wakers.extend(stream.read_waker.take());
         self.count_buffered(i64::from(length));
         if let Some(sample) = rtt_sample {
-            self.min_rtt = Some(self.min_rtt.map_or(sample, |rtt| rtt.min(sample)));
+            self.min_rtt.sample(sample);
         }
         if self.pins.needs_compaction(self.stats.buffered) {
             self.compact_pinned();
@@ -366,7 +366,7 @@ impl Inner {
         read: impl FnOnce(&mut RecvBuffer, &mut super::recv_buf::PinLedger) -> (usize, R),
     ) -> Poll<Result<Option<R>, Error>> {
         let micros = self.micros(now);
-        let (min_rtt, ended) = (self.min_rtt, self.life.ended());
+        let (min_rtt, ended) = (self.min_rtt.get(), self.life.ended());
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Ok(None));
         };

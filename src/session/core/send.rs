@@ -378,7 +378,7 @@ impl Inner {
     /// `peer::GREETING_WAIT`), if it waits for one and that time is still to come (past it,
     /// only an acknowledgement or a stream going away lets it in, and those wake it).
     pub(crate) fn open_deadline(&self, line: Option<usize>) -> Option<tokio::time::Instant> {
-        let deadline = self.peer.greeting_deadline();
+        let deadline = super::peer::greeting_deadline(self.clock);
         (line.is_some()
             && self.peer.kind == super::PeerKind::Unknown
             && tokio::time::Instant::now() < deadline)

@@ -556,7 +556,7 @@ fn the_round_trip_probe_starts_when_the_credit_is_written() {
     assert_eq!(core.credit_sent(), 65_536, "and written 50 ms later");
     core.advance(Duration::from_millis(10));
     core.frame(Frame::data(0, vec![7; 100])).expect("in credit");
-    assert_eq!(core.inner.min_rtt, Some(10_000));
+    assert_eq!(core.inner.min_rtt.get(), Some(10_000));
 }
 
 /// Frame starts are recorded at most 16 KiB apart, so that control waits behind little data

@@ -24,8 +24,8 @@ mod read;
 mod timers;
 mod write;
 
-use self::timers::Timer;
-use self::write::{Stall, WriteBatch, FIRST_BUDGET, MIN_BUDGET};
+use self::timers::{Silence, Timer};
+use self::write::{Stall, WriteBatch};
 
 use std::fmt;
 use std::future::Future;
@@ -67,13 +67,6 @@ pub struct Connection<T> {
     direct_writes: u32,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
-    /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
-    /// bytes the transport took since it last pushed back; whether it did since the last batch
-    /// was taken.
-    budget: usize,
-    max_budget: usize,
-    round_taken: usize,
-    pushed_back: bool,
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
@@ -83,16 +76,16 @@ pub struct Connection<T> {
     read_closed: bool,
     /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
     peer_closed: bool,
-    /// Keepalive and idle timers, counting from the first poll.
+    /// The keepalive, counting from the first poll.
     keepalive: Option<Timer>,
-    idle: Option<Timer>,
-    /// Twice the keepalive interval a peer of this crate announced: silence that long means
-    /// it is dead (see `Error::KeepaliveTimeout`). Set once its greeting has come.
-    liveness: Option<Timer>,
-    /// Wakes the driver when one of the three timers above, or the linger, must look again
+    /// The idle timeout, counting from the first poll, and twice the keepalive interval a
+    /// peer of this crate announced once its greeting has come: silence that long means it is
+    /// dead (see `Error::KeepaliveTimeout`). One timer for both (see `Silence`).
+    silence: Option<Silence>,
+    /// Wakes the driver when one of the two timers above, or the linger, must look again
     /// (see `Timer`).
     timer_sleep: Option<Pin<Box<Sleep>>>,
-    /// The peer's kind is known, so `liveness` is settled.
+    /// The peer's kind is known, so the peer's liveness is settled.
     peer_known: bool,
     timers_started: bool,
     /// The write-stall timer (see `Stall`), armed while the transport takes none of the bytes
@@ -148,7 +141,6 @@ where
         let inner = shared.lock();
         let c = &inner.config;
         crate::trace::event!(debug, session = inner.id, role = ?inner.role, "session started");
-        let max_budget = c.write_buffer_size.max(MIN_BUDGET);
         let (max_payload, keepalive, idle) = (c.max_payload, c.keepalive_interval, c.idle_timeout);
         #[cfg(feature = "tracing")]
         let span = tracing::debug_span!("gomux", session = inner.id, role = ?inner.role);
@@ -164,18 +156,13 @@ where
             control_waiting: false,
             direct_writes: 0,
             unflushed: false,
-            budget: FIRST_BUDGET.min(max_budget),
-            max_budget,
-            round_taken: 0,
-            pushed_back: false,
             phase: Phase::Active,
             wakers: Vec::new(),
             read_paused: false,
             read_closed: false,
             peer_closed: false,
             keepalive: keepalive.map(Timer::new),
-            idle: idle.map(Timer::new),
-            liveness: None,
+            silence: idle.map(Silence::idle),
             timer_sleep: None,
             peer_known: false,
             timers_started: false,

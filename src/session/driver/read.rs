@@ -1,6 +1,6 @@
 //! Reading: the transport's bytes, decoded into frames and applied to the core.
 
-use super::{Connection, Timer};
+use super::{Connection, Silence};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -108,7 +108,7 @@ where
                 }
             };
             let now = Instant::now();
-            for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
+            if let Some(silence) = &mut self.silence {
                 silence.last = now;
             }
             budget = budget.saturating_sub(n);
@@ -257,7 +257,8 @@ where
                 keepalive: Some(interval),
             } => {
                 self.peer_known = true;
-                self.liveness = Some(Timer::new(interval.saturating_mul(2)));
+                let silence = self.silence.take();
+                self.silence = Some(Silence::with_liveness(silence, interval.saturating_mul(2)));
             }
             PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
         }

@@ -18,16 +18,14 @@ use crate::error::Error;
 /// peer's frames may be waiting. Any sleep makes the runtime poll its I/O first.
 const SILENCE_CONFIRM: Duration = Duration::from_millis(50);
 
-/// A periodic check: fires `interval` after the last activity. The timers share one `Sleep`
-/// (`Connection::timer_sleep`) with the linger (`session::linger`), set to the earliest moment
-/// one of them must look again: a `Sleep` is a boxed 112 bytes, which every session would
-/// otherwise hold two or three of (`benches/idle_sessions.rs`), and make again each time it
-/// goes quiet.
+/// The keepalive: fires `interval` after this side last wrote, and starts the next interval.
+/// The timers share one `Sleep` (`Connection::timer_sleep`) with the linger
+/// (`session::linger`), set to the earliest moment one of them must look again: a `Sleep` is a
+/// boxed 112 bytes, which every session would otherwise hold two or three of
+/// (`benches/idle_sessions.rs`), and make again each time it goes quiet.
 pub(super) struct Timer {
     interval: Duration,
     pub(super) last: Instant,
-    /// For a silence timer that expired: when it believes it.
-    confirm_at: Option<Instant>,
 }
 
 impl Timer {
@@ -35,32 +33,87 @@ impl Timer {
         Timer {
             interval,
             last: Instant::now(),
-            confirm_at: None,
         }
     }
 
-    /// Whether `interval` has passed since the last activity, as of `now`; a periodic timer
-    /// then starts its next interval. A timer of the peer's `silence` (the idle timeout, the
-    /// peer's liveness) fires only if nothing arrived for [`SILENCE_CONFIRM`] more after it
-    /// expired.
-    fn expired(&mut self, now: Instant, silence: bool) -> bool {
-        if now < deadline_after(self.last, self.interval) {
-            // Something happened since it expired, if it had.
-            self.confirm_at = None;
+    /// Whether `interval` has passed since the last write, as of `now`; if so the next
+    /// interval starts.
+    fn expired(&mut self, now: Instant) -> bool {
+        if now < self.next_check() {
             return false;
-        }
-        if silence {
-            match self.confirm_at {
-                None => {
-                    self.confirm_at = Some(now + SILENCE_CONFIRM);
-                    return false;
-                }
-                Some(at) if now < at => return false,
-                Some(_) => self.confirm_at = None,
-            }
         }
         self.last = now;
         true
+    }
+
+    /// When it must be looked at next.
+    fn next_check(&self) -> Instant {
+        deadline_after(self.last, self.interval)
+    }
+}
+
+/// The peer's silence: ends the session once nothing arrived for `interval`, the shorter of
+/// the idle timeout (`Error::IdleTimeout`) and twice the keepalive interval a peer of this
+/// crate announced (`Error::KeepaliveTimeout`). Both count from the last frame read, so one
+/// timer serves both: whichever is shorter ends the session first.
+pub(super) struct Silence {
+    interval: Duration,
+    pub(super) last: Instant,
+    /// Once it expired: when it believes it (see [`SILENCE_CONFIRM`]).
+    confirm_at: Option<Instant>,
+    /// The peer's keepalive, not the idle timeout, set `interval`.
+    liveness: bool,
+}
+
+impl Silence {
+    pub(super) fn idle(interval: Duration) -> Silence {
+        Silence {
+            interval,
+            last: Instant::now(),
+            confirm_at: None,
+            liveness: false,
+        }
+    }
+
+    /// The peer announced its keepalive: twice that silence ends the session too, if it is
+    /// shorter than the idle timeout (a tie is the idle timeout's).
+    pub(super) fn with_liveness(silence: Option<Silence>, interval: Duration) -> Silence {
+        match silence {
+            Some(idle) if idle.interval <= interval => idle,
+            Some(idle) => Silence {
+                interval,
+                liveness: true,
+                ..idle
+            },
+            None => Silence {
+                liveness: true,
+                ..Silence::idle(interval)
+            },
+        }
+    }
+
+    /// Why the session ends, if `interval` has passed since the last frame read as of `now`
+    /// and nothing arrived for [`SILENCE_CONFIRM`] more.
+    fn expired(&mut self, now: Instant) -> Option<Error> {
+        if now < deadline_after(self.last, self.interval) {
+            // Something arrived since it expired, if it had.
+            self.confirm_at = None;
+            return None;
+        }
+        match self.confirm_at {
+            None => {
+                self.confirm_at = Some(now + SILENCE_CONFIRM);
+                return None;
+            }
+            Some(at) if now < at => return None,
+            Some(_) => self.confirm_at = None,
+        }
+        self.last = now;
+        Some(if self.liveness {
+            Error::KeepaliveTimeout
+        } else {
+            Error::IdleTimeout
+        })
     }
 
     /// When it must be looked at next.
@@ -79,15 +132,17 @@ where
             self.timers_started = true;
             // They count from the first poll, as a `Sleep` made then did.
             let now = Instant::now();
-            for timer in [&mut self.keepalive, &mut self.idle].into_iter().flatten() {
-                timer.last = now;
+            if let Some(keepalive) = &mut self.keepalive {
+                keepalive.last = now;
+            }
+            if let Some(silence) = &mut self.silence {
+                silence.last = now;
             }
         }
         if self.read_paused {
             // Not reading is our doing, not the peer's silence.
-            let now = Instant::now();
-            for silence in [&mut self.idle, &mut self.liveness].into_iter().flatten() {
-                silence.last = now;
+            if let Some(silence) = &mut self.silence {
+                silence.last = Instant::now();
             }
         }
         // A sleep found ready (its moment passed while the driver was busy) is looked at again
@@ -100,26 +155,21 @@ where
                 break;
             }
             let now = Instant::now();
-            if self.idle.as_mut().is_some_and(|t| t.expired(now, true)) {
-                self.end(Error::IdleTimeout, true);
+            if let Some(error) = self.silence.as_mut().and_then(|t| t.expired(now)) {
+                self.end(error, true);
             }
-            if self.liveness.as_mut().is_some_and(|t| t.expired(now, true)) {
-                self.end(Error::KeepaliveTimeout, true);
-            }
-            if self
-                .keepalive
-                .as_mut()
-                .is_some_and(|t| t.expired(now, false))
-            {
+            if self.keepalive.as_mut().is_some_and(|t| t.expired(now)) {
                 self.shared.lock().queue_keepalive();
             }
             if self.linger.quiet(now) {
                 self.release_buffers();
             }
-            let next = [&self.idle, &self.liveness, &self.keepalive]
+            let next = self
+                .silence
+                .as_ref()
+                .map(Silence::next_check)
                 .into_iter()
-                .flatten()
-                .map(Timer::next_check)
+                .chain(self.keepalive.as_ref().map(Timer::next_check))
                 .chain(self.linger.next_check())
                 .min();
             let Some(next) = next else {

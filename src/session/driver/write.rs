@@ -39,7 +39,6 @@ pub(super) const FIRST_BUDGET: usize = 64 * 1024;
 /// dropped with the other buffers when the session goes quiet (see `session::linger`), or when
 /// a large batch's buffers are released: an idle session's task is then smaller by this much
 /// (`benches/idle_sessions.rs`).
-#[derive(Default)]
 pub(super) struct WriteBatch {
     /// Its control frames, written first…
     control_buf: Vec<u8>,
@@ -55,6 +54,13 @@ pub(super) struct WriteBatch {
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the buffers.
     large_batch_at: Option<Instant>,
+    /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
+    /// bytes the transport took since it last pushed back; whether it did since the last batch
+    /// was taken. They start again from [`FIRST_BUDGET`] when the buffers are given back.
+    budget: usize,
+    max_budget: usize,
+    round_taken: usize,
+    pushed_back: bool,
 }
 
 /// The write-stall timeout (from the configuration, `None` when off) and its timer. Made at the
@@ -66,6 +72,24 @@ pub(super) struct Stall {
 }
 
 impl WriteBatch {
+    fn new(write_buffer_size: usize) -> WriteBatch {
+        let max_budget = write_buffer_size.max(MIN_BUDGET);
+        WriteBatch {
+            control_buf: Vec::new(),
+            control_done: 0,
+            write_buf: OutQueue::new(),
+            written: Cursor::default(),
+            batch: Batch::default(),
+            batch_data_done: 0,
+            boundaries: VecDeque::new(),
+            large_batch_at: None,
+            budget: FIRST_BUDGET.min(max_budget),
+            max_budget,
+            round_taken: 0,
+            pushed_back: false,
+        }
+    }
+
     fn is_written(&self) -> bool {
         self.control_done == self.control_buf.len() && self.write_buf.is_written(&self.written)
     }
@@ -139,20 +163,23 @@ where
                     self.wake_collected();
                     break;
                 }
-                let write = self.write.get_or_insert_with(Box::default);
+                let size = inner.config.write_buffer_size;
+                let write = self
+                    .write
+                    .get_or_insert_with(|| Box::new(WriteBatch::new(size)));
                 write.control_buf.clear();
                 write.control_done = 0;
                 write.write_buf.clear();
                 write.written = Cursor::default();
                 write.batch_data_done = 0;
                 write.boundaries.clear();
-                if !self.pushed_back {
-                    self.budget = (self.budget * 2).min(self.max_budget);
+                if !write.pushed_back {
+                    write.budget = (write.budget * 2).min(write.max_budget);
                 }
-                self.pushed_back = false;
+                write.pushed_back = false;
                 write.batch = inner.take_batch(
                     Instant::now(),
-                    self.budget,
+                    write.budget,
                     &mut write.control_buf,
                     &mut write.write_buf,
                     &mut write.boundaries,
@@ -197,9 +224,11 @@ where
                 Poll::Ready(Ok(n)) => self.advance(n),
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => {
-                    self.budget = self.round_taken.clamp(MIN_BUDGET, self.max_budget);
-                    self.round_taken = 0;
-                    self.pushed_back = true;
+                    if let Some(write) = self.write.as_deref_mut() {
+                        write.budget = write.round_taken.clamp(MIN_BUDGET, write.max_budget);
+                        write.round_taken = 0;
+                        write.pushed_back = true;
+                    }
                     self.arm_stall(cx);
                     return Poll::Pending;
                 }
@@ -260,7 +289,7 @@ where
         let control = n.min(write.control_buf.len() - write.control_done);
         write.control_done += control;
         let data = n - control;
-        self.round_taken += n;
+        write.round_taken += n;
         write.write_buf.advance(&mut write.written, data);
         write.batch_data_done += data as u64;
         self.unflushed = true;
