@@ -510,6 +510,50 @@ async fn a_peer_that_dies_idle_is_noticed_within_twice_its_keepalive_interval() 
     drop(stream);
 }
 
+/// With an idle timeout as well as the peer's announced keepalive, the shorter silence ends the
+/// session, with its own error: the idle timeout's below twice the peer's keepalive interval
+/// (60 s with the defaults), the peer's liveness above it.
+#[tokio::test(start_paused = true)]
+async fn a_silent_peer_ends_the_session_at_the_shorter_of_the_idle_timeout_and_its_liveness() {
+    for (idle, expected, within_secs) in [
+        (20, Error::IdleTimeout, 21),
+        (120, Error::KeepaliveTimeout, 61),
+    ] {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (a, faults) = Faulty::new(a);
+        let config = Config::default().idle_timeout(Some(Duration::from_secs(idle)));
+        let client = Session::with_config(a, Role::Client, config);
+        let _server = Session::server(b);
+        let stream = client.open().await.expect("open");
+        // The greeting has come: the peer's liveness is known.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        faults.pause_reads(true);
+        faults.stall_writes(true);
+        // The silence counts from the last frame read, up to a second before this.
+        let silent = tokio::time::Instant::now();
+        within_for(Duration::from_secs(200), "the silence noticed", async {
+            while client.close_reason().is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        let after = silent.elapsed();
+        assert!(
+            after >= Duration::from_secs(within_secs - 3)
+                && after <= Duration::from_secs(within_secs),
+            "idle timeout {idle} s: noticed after {after:?}"
+        );
+        let reason = client.close_reason();
+        assert!(
+            reason
+                .as_ref()
+                .is_some_and(|r| std::mem::discriminant(r) == std::mem::discriminant(&expected)),
+            "idle timeout {idle} s: {reason:?}"
+        );
+        drop(stream);
+    }
+}
+
 /// A writer blocked on the credit of a peer that died learns it too.
 #[tokio::test(start_paused = true)]
 async fn a_writer_waiting_for_the_credit_of_a_dead_peer_fails_with_timed_out() {
