@@ -485,29 +485,12 @@ async fn opens_wait_for_a_silent_peer_at_most_a_second() {
 /// noticed it: keepalives were one-way and the idle timeout off.
 #[tokio::test(start_paused = true)]
 async fn a_peer_that_dies_idle_is_noticed_within_twice_its_keepalive_interval() {
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let (a, faults) = Faulty::new(a);
-    let client = Session::client(a);
-    let _server = Session::server(b);
-    let stream = client.open().await.expect("open");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    // The server is gone without a word: nothing arrives, nothing leaves.
-    faults.pause_reads(true);
-    faults.stall_writes(true);
-    let died = tokio::time::Instant::now();
-    within_for(Duration::from_secs(70), "the death noticed", async {
-        while client.close_reason().is_none() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    let after = died.elapsed();
+    let (after, reason) = silent_peer(Config::default(), Duration::from_secs(5)).await;
     assert!(after <= Duration::from_secs(61), "noticed after {after:?}");
-    assert!(matches!(
-        client.close_reason(),
-        Some(Error::KeepaliveTimeout)
-    ));
-    drop(stream);
+    assert!(
+        matches!(reason, Some(Error::KeepaliveTimeout)),
+        "{reason:?}"
+    );
 }
 
 /// With an idle timeout as well as the peer's announced keepalive, the shorter silence ends the
@@ -519,39 +502,46 @@ async fn a_silent_peer_ends_the_session_at_the_shorter_of_the_idle_timeout_and_i
         (20, Error::IdleTimeout, 21),
         (120, Error::KeepaliveTimeout, 61),
     ] {
-        let (a, b) = tokio::io::duplex(64 * 1024);
-        let (a, faults) = Faulty::new(a);
         let config = Config::default().idle_timeout(Some(Duration::from_secs(idle)));
-        let client = Session::with_config(a, Role::Client, config);
-        let _server = Session::server(b);
-        let stream = client.open().await.expect("open");
-        // The greeting has come: the peer's liveness is known.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        faults.pause_reads(true);
-        faults.stall_writes(true);
-        // The silence counts from the last frame read, up to a second before this.
-        let silent = tokio::time::Instant::now();
-        within_for(Duration::from_secs(200), "the silence noticed", async {
-            while client.close_reason().is_none() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await;
-        let after = silent.elapsed();
+        // A second in, the greeting has come: the peer's liveness is known. The silence counts
+        // from the last frame read, up to a second before it starts.
+        let (after, reason) = silent_peer(config, Duration::from_secs(1)).await;
         assert!(
             after >= Duration::from_secs(within_secs - 3)
                 && after <= Duration::from_secs(within_secs),
             "idle timeout {idle} s: noticed after {after:?}"
         );
-        let reason = client.close_reason();
         assert!(
             reason
                 .as_ref()
                 .is_some_and(|r| std::mem::discriminant(r) == std::mem::discriminant(&expected)),
             "idle timeout {idle} s: {reason:?}"
         );
-        drop(stream);
     }
+}
+
+/// A client session (`config`) and a server of this crate with a stream open; after `settle`
+/// the server goes silent both ways without a word. Returns how long after that the client's
+/// session ended, and why (paused clock).
+async fn silent_peer(config: Config, settle: Duration) -> (Duration, Option<Error>) {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (a, faults) = Faulty::new(a);
+    let client = Session::with_config(a, Role::Client, config);
+    let _server = Session::server(b);
+    let stream = client.open().await.expect("open");
+    tokio::time::sleep(settle).await;
+    faults.pause_reads(true);
+    faults.stall_writes(true);
+    let silent = tokio::time::Instant::now();
+    within_for(Duration::from_secs(200), "the silence noticed", async {
+        while client.close_reason().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let after = silent.elapsed();
+    drop(stream);
+    (after, client.close_reason())
 }
 
 /// A writer blocked on the credit of a peer that died learns it too.
