@@ -88,8 +88,6 @@ impl Core {
         headers(&bytes)
     }
 
-    /// The driver takes a batch of at most `budget` bytes of data, and the transport takes all
-    /// of it: its control part and its data part.
     /// The driver takes a batch of at most `budget` bytes of data into `control` and `data`,
     /// nothing of it written yet.
     fn take_into(
@@ -104,6 +102,8 @@ impl Core {
             .take_batch(self.now, budget, control, data, &mut starts, wakers)
     }
 
+    /// The driver takes a batch of at most `budget` bytes of data, and the transport takes all
+    /// of it: its control part and its data part.
     fn take_all(&mut self, budget: usize) -> (Vec<u8>, Vec<u8>) {
         let (mut control, mut data) = (Vec::new(), OutQueue::new());
         let mut wakers = Vec::new();

@@ -1,9 +1,10 @@
 //! [`Connection`]: the future that drives one session's transport.
 //!
 //! It alone reads the transport, and writes it but for the frames writers write themselves
-//! (see `session::direct`); it talks to the session's core only through its methods. Each poll it (1) reads whatever the transport has and applies the frames to the
-//! core, (2) takes the queued frames (control first, then data) and writes them, (3) runs the
-//! keepalive, idle and write-stall timers. Reading never waits for the application: received
+//! (see `session::direct`); it talks to the session's core only through its methods. Each poll
+//! it (1) reads whatever the transport has and applies the frames to the core, (2) takes the
+//! queued frames (control first, then data) and writes them, (3) runs the keepalive, idle and
+//! write-stall timers. Reading never waits for the application: received
 //! data goes into per-stream buffers bounded by the credit this side granted, inbound streams
 //! beyond the backlog are refused, and a pending transport write does not stop reads (both are
 //! polled in the same turn). Reading waits only while the control queue is over its bound,
@@ -25,7 +26,7 @@ mod timers;
 mod write;
 
 use self::timers::{Silence, Timer};
-use self::write::{Stall, WriteBatch};
+use self::write::{Stall, WriteBatch, FIRST_BUDGET};
 
 use std::fmt;
 use std::future::Future;
@@ -67,6 +68,10 @@ pub struct Connection<T> {
     direct_writes: u32,
     /// Whether bytes were written since the transport was last flushed.
     unflushed: bool,
+    /// How much data the next batch takes, at most (see [`write::MIN_BUDGET`]): learned from what the
+    /// transport takes, and kept when the write batch's buffers are given back, so that a
+    /// session pausing on a slow link does not start again with a large batch in hand.
+    budget: u32,
     phase: Phase,
     /// Wakers collected under the lock, woken after it is released.
     wakers: Vec<Waker>,
@@ -156,6 +161,7 @@ where
             control_waiting: false,
             direct_writes: 0,
             unflushed: false,
+            budget: FIRST_BUDGET as u32,
             phase: Phase::Active,
             wakers: Vec::new(),
             read_paused: false,

@@ -35,6 +35,12 @@ pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 pub(super) const MIN_BUDGET: usize = 8 * 1024;
 pub(super) const FIRST_BUDGET: usize = 64 * 1024;
 
+/// The largest batch: `write_buffer_size`, at least [`MIN_BUDGET`], in 32 bits (the budget is
+/// kept in the driver's task, where every byte counts for an idle session).
+pub(super) fn max_budget(write_buffer_size: usize) -> u32 {
+    write_buffer_size.clamp(MIN_BUDGET, u32::MAX as usize) as u32
+}
+
 /// The batch being written, and the buffers it is built in. Kept apart from the driver, and
 /// dropped with the other buffers when the session goes quiet (see `session::linger`), or when
 /// a large batch's buffers are released: an idle session's task is then smaller by this much
@@ -54,11 +60,8 @@ pub(super) struct WriteBatch {
     /// When the driver last finished writing a batch larger than [`QUEUE_KEEP`], until it
     /// releases the buffers.
     large_batch_at: Option<Instant>,
-    /// How much data the next batch takes, at most (see [`MIN_BUDGET`]); its upper bound; the
-    /// bytes the transport took since it last pushed back; whether it did since the last batch
-    /// was taken. They start again from [`FIRST_BUDGET`] when the buffers are given back.
-    budget: usize,
-    max_budget: usize,
+    /// The bytes the transport took since it last pushed back, and whether it did since the
+    /// last batch was taken: what the next batch's budget (`Connection::budget`) learns from.
     round_taken: usize,
     pushed_back: bool,
 }
@@ -72,8 +75,7 @@ pub(super) struct Stall {
 }
 
 impl WriteBatch {
-    fn new(write_buffer_size: usize) -> WriteBatch {
-        let max_budget = write_buffer_size.max(MIN_BUDGET);
+    fn new() -> WriteBatch {
         WriteBatch {
             control_buf: Vec::new(),
             control_done: 0,
@@ -83,8 +85,6 @@ impl WriteBatch {
             batch_data_done: 0,
             boundaries: VecDeque::new(),
             large_batch_at: None,
-            budget: FIRST_BUDGET.min(max_budget),
-            max_budget,
             round_taken: 0,
             pushed_back: false,
         }
@@ -163,10 +163,10 @@ where
                     self.wake_collected();
                     break;
                 }
-                let size = inner.config.write_buffer_size;
+                let max_budget = max_budget(inner.config.write_buffer_size);
                 let write = self
                     .write
-                    .get_or_insert_with(|| Box::new(WriteBatch::new(size)));
+                    .get_or_insert_with(|| Box::new(WriteBatch::new()));
                 write.control_buf.clear();
                 write.control_done = 0;
                 write.write_buf.clear();
@@ -174,12 +174,13 @@ where
                 write.batch_data_done = 0;
                 write.boundaries.clear();
                 if !write.pushed_back {
-                    write.budget = (write.budget * 2).min(write.max_budget);
+                    self.budget = self.budget.saturating_mul(2);
                 }
+                self.budget = self.budget.min(max_budget);
                 write.pushed_back = false;
                 write.batch = inner.take_batch(
                     Instant::now(),
-                    write.budget,
+                    self.budget as usize,
                     &mut write.control_buf,
                     &mut write.write_buf,
                     &mut write.boundaries,
@@ -225,7 +226,8 @@ where
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => {
                     if let Some(write) = self.write.as_deref_mut() {
-                        write.budget = write.round_taken.clamp(MIN_BUDGET, write.max_budget);
+                        // Bounded by the largest batch when the next one is taken.
+                        self.budget = write.round_taken.clamp(MIN_BUDGET, u32::MAX as usize) as u32;
                         write.round_taken = 0;
                         write.pushed_back = true;
                     }
