@@ -1,5 +1,6 @@
 //! Session configuration: every knob, its default, and the bound it imposes.
 
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -39,6 +40,11 @@ impl Role {
 
 /// Settings of a session. Build with [`Config::default`] and the setters.
 ///
+/// Cloning is cheap: clones share one copy of the settings, and so do the sessions made from
+/// them (and every session made from `Config::default()`), so a server holding thousands of
+/// sessions keeps the settings once. Build a `Config` once and clone it for each session; a
+/// setter called on a clone copies the settings first and leaves the others unchanged.
+///
 /// ```
 /// use std::time::Duration;
 /// let config = gomux::Config::default()
@@ -65,9 +71,9 @@ impl Role {
 ///   its read buffer (a partial frame keeps only its own bytes), its spares, its outgoing
 ///   queues and its pool of stream buffers; its next frame allocates them again, as a new
 ///   session's first one does (small frames are read on the stack and need none). What it
-///   keeps is its state: 1,996 bytes of heap for a session end with one stream that moved a
+///   keeps is its state: 1,884 bytes of heap for a session end with one stream that moved a
 ///   message (`tests/idle_memory.rs`, `an_idle_session_end_gives_its_buffers_back`; `cargo
-///   test --test idle_memory -- --nocapture` prints it), and 2,498 bytes resident over
+///   test --test idle_memory -- --nocapture` prints it), and 2,422 bytes resident over
 ///   loopback TCP (`cargo bench --bench idle_sessions`).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
@@ -95,6 +101,16 @@ impl Role {
 /// windows at 64 KiB, which makes a known deadlock of Go peers rarer (see its docs).
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Shared by every clone, and so by every session made from one `Config` (and every session
+    /// made from `Config::default()`): a server holding thousands of sessions holds one copy of
+    /// the settings, not one each (`benches/idle_sessions.rs`). A setter copies them first if
+    /// they are shared.
+    settings: Arc<Settings>,
+}
+
+/// The values of a [`Config`], after clamping: what a session reads.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
     pub(crate) max_payload: usize,
     pub(crate) receive_window: u32,
     pub(crate) max_receive_window: u32,
@@ -130,7 +146,16 @@ const MAX_STREAMS: usize = 1 << 30;
 
 impl Default for Config {
     fn default() -> Config {
+        static DEFAULT: LazyLock<Arc<Settings>> = LazyLock::new(|| Arc::new(Settings::default()));
         Config {
+            settings: Arc::clone(&DEFAULT),
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
             max_payload: MAX_PAYLOAD,
             receive_window: INITIAL_WINDOW,
             max_receive_window: 16 * 1024 * 1024,
@@ -144,6 +169,13 @@ impl Default for Config {
             write_buffer_size: 1024 * 1024,
             write_stall_timeout: None,
         }
+    }
+}
+
+impl Settings {
+    /// The most a stream's window may grow to: never below its starting window.
+    pub(crate) fn window_ceiling(&self) -> u32 {
+        self.max_receive_window.max(self.receive_window)
     }
 }
 
@@ -185,7 +217,7 @@ impl Config {
     /// 1..=16,777,215.
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_payload(mut self, bytes: usize) -> Config {
-        self.max_payload = bytes.clamp(1, MAX_LENGTH_FIELD as usize);
+        self.edit().max_payload = bytes.clamp(1, MAX_LENGTH_FIELD as usize);
         self
     }
 
@@ -197,7 +229,7 @@ impl Config {
     /// Clamped to 65536..=16,777,215.
     #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window(mut self, bytes: u32) -> Config {
-        self.receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
+        self.edit().receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
         self
     }
 
@@ -210,7 +242,7 @@ impl Config {
     /// never below `receive_window`.
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_receive_window(mut self, bytes: u32) -> Config {
-        self.max_receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
+        self.edit().max_receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
         self
     }
 
@@ -219,7 +251,7 @@ impl Config {
     /// share back when it closes.
     #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window_budget(mut self, bytes: u64) -> Config {
-        self.receive_window_budget = bytes;
+        self.edit().receive_window_budget = bytes;
         self
     }
 
@@ -227,7 +259,7 @@ impl Config {
     /// never sends one. Keeps a peer's idle timeout (and NAT state) from expiring.
     #[must_use = "a setter returns the changed configuration"]
     pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Config {
-        self.keepalive_interval = interval.filter(|d| !d.is_zero());
+        self.edit().keepalive_interval = interval.filter(|d| !d.is_zero());
         self
     }
 
@@ -238,7 +270,7 @@ impl Config {
     /// 72 minutes it was watched, 590 s ended it.)
     #[must_use = "a setter returns the changed configuration"]
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Config {
-        self.idle_timeout = timeout.filter(|d| !d.is_zero());
+        self.edit().idle_timeout = timeout.filter(|d| !d.is_zero());
         self
     }
 
@@ -248,7 +280,7 @@ impl Config {
     /// (see [`Session::close`](crate::Session::close)).
     #[must_use = "a setter returns the changed configuration"]
     pub fn close_timeout(mut self, timeout: Duration) -> Config {
-        self.close_timeout = timeout;
+        self.edit().close_timeout = timeout;
         self
     }
 
@@ -259,7 +291,7 @@ impl Config {
     /// Queued streams count towards `max_streams`. At least 1.
     #[must_use = "a setter returns the changed configuration"]
     pub fn accept_backlog(mut self, streams: usize) -> Config {
-        self.accept_backlog = streams.max(1);
+        self.edit().accept_backlog = streams.max(1);
         self
     }
 
@@ -275,7 +307,7 @@ impl Config {
     /// least 1.
     #[must_use = "a setter returns the changed configuration"]
     pub fn open_backlog(mut self, streams: usize) -> Config {
-        self.open_backlog = streams.max(1);
+        self.edit().open_backlog = streams.max(1);
         self
     }
 
@@ -288,7 +320,7 @@ impl Config {
     /// window-growth budget, reached only if no stream is read). Clamped to 1..=2^30.
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_streams(mut self, streams: usize) -> Config {
-        self.max_streams = streams.clamp(1, MAX_STREAMS);
+        self.edit().max_streams = streams.clamp(1, MAX_STREAMS);
         self
     }
 
@@ -305,7 +337,7 @@ impl Config {
     /// their own, written ahead of the data at the start of every batch.
     #[must_use = "a setter returns the changed configuration"]
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
-        self.write_buffer_size = bytes.max(1);
+        self.edit().write_buffer_size = bytes.max(1);
         self
     }
 
@@ -317,19 +349,24 @@ impl Config {
     /// peer may take (a minute, say). A slow link is no stall: any progress restarts the clock.
     #[must_use = "a setter returns the changed configuration"]
     pub fn write_stall_timeout(mut self, timeout: Option<Duration>) -> Config {
-        self.write_stall_timeout = timeout.filter(|d| !d.is_zero());
+        self.edit().write_stall_timeout = timeout.filter(|d| !d.is_zero());
         self
     }
 
-    /// The most a stream's window may grow to: never below its starting window.
-    pub(crate) fn window_ceiling(&self) -> u32 {
-        self.max_receive_window.max(self.receive_window)
+    /// The settings, for a session to keep: shared with this `Config` and its clones.
+    pub(crate) fn settings(&self) -> Arc<Settings> {
+        Arc::clone(&self.settings)
+    }
+
+    /// The settings to change, copied first if another `Config` or a session shares them.
+    fn edit(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
     }
 
     /// The configured maximum of live streams (the same as
     /// [`max_streams_setting`](Config::max_streams_setting)).
     pub fn max_streams_limit(&self) -> usize {
-        self.max_streams
+        self.settings.max_streams
     }
 
     // Getters, one per setter, named `<setter>_setting` (the setters take the plain names):
@@ -337,58 +374,58 @@ impl Config {
 
     /// The [`max_payload`](Config::max_payload) setting, in bytes.
     pub fn max_payload_setting(&self) -> usize {
-        self.max_payload
+        self.settings.max_payload
     }
 
     /// The [`receive_window`](Config::receive_window) setting, in bytes.
     pub fn receive_window_setting(&self) -> u32 {
-        self.receive_window
+        self.settings.receive_window
     }
 
     /// The [`max_receive_window`](Config::max_receive_window) setting, in bytes, as it applies:
     /// never below [`receive_window`](Config::receive_window).
     pub fn max_receive_window_setting(&self) -> u32 {
-        self.window_ceiling()
+        self.settings.window_ceiling()
     }
 
     /// The [`receive_window_budget`](Config::receive_window_budget) setting, in bytes.
     pub fn receive_window_budget_setting(&self) -> u64 {
-        self.receive_window_budget
+        self.settings.receive_window_budget
     }
 
     /// The [`keepalive_interval`](Config::keepalive_interval) setting; `None` when off.
     pub fn keepalive_interval_setting(&self) -> Option<Duration> {
-        self.keepalive_interval
+        self.settings.keepalive_interval
     }
 
     /// The [`idle_timeout`](Config::idle_timeout) setting; `None` when off.
     pub fn idle_timeout_setting(&self) -> Option<Duration> {
-        self.idle_timeout
+        self.settings.idle_timeout
     }
 
     /// The [`close_timeout`](Config::close_timeout) setting.
     pub fn close_timeout_setting(&self) -> Duration {
-        self.close_timeout
+        self.settings.close_timeout
     }
 
     /// The [`accept_backlog`](Config::accept_backlog) setting, in streams.
     pub fn accept_backlog_setting(&self) -> usize {
-        self.accept_backlog
+        self.settings.accept_backlog
     }
 
     /// The [`max_streams`](Config::max_streams) setting, in streams.
     pub fn max_streams_setting(&self) -> usize {
-        self.max_streams
+        self.settings.max_streams
     }
 
     /// The [`write_buffer_size`](Config::write_buffer_size) setting, in bytes.
     pub fn write_buffer_size_setting(&self) -> usize {
-        self.write_buffer_size
+        self.settings.write_buffer_size
     }
 
     /// The [`write_stall_timeout`](Config::write_stall_timeout) setting; `None` when off.
     pub fn write_stall_timeout_setting(&self) -> Option<Duration> {
-        self.write_stall_timeout
+        self.settings.write_stall_timeout
     }
 }
 
@@ -433,41 +470,66 @@ mod tests {
             .max_receive_window(u32::MAX)
             .max_streams(usize::MAX)
             .receive_window(1);
-        assert_eq!(config.max_receive_window, MAX_LENGTH_FIELD);
-        assert_eq!(config.max_streams, 1 << 30);
-        assert_eq!(config.receive_window, INITIAL_WINDOW);
+        assert_eq!(config.settings.max_receive_window, MAX_LENGTH_FIELD);
+        assert_eq!(config.settings.max_streams, 1 << 30);
+        assert_eq!(config.settings.receive_window, INITIAL_WINDOW);
         let small = Config::default()
             .receive_window(1 << 20)
             .max_receive_window(1);
         assert_eq!(
-            small.window_ceiling(),
+            small.settings.window_ceiling(),
             1 << 20,
             "never below receive_window"
         );
-        assert_eq!(Config::default().max_streams(0).max_streams, 1);
+        assert_eq!(Config::default().max_streams(0).settings.max_streams, 1);
         assert_eq!(
             Config::default()
                 .write_stall_timeout(Some(Duration::ZERO))
+                .settings
                 .write_stall_timeout,
             None
         );
+    }
+
+    /// Sessions made from clones of one `Config`, or from `Config::default()`, share one copy
+    /// of the settings; a setter on a clone changes that clone only.
+    #[test]
+    fn clones_share_their_settings_until_one_is_changed() {
+        assert!(Arc::ptr_eq(
+            &Config::default().settings,
+            &Config::default().settings
+        ));
+        let base = Config::default().max_streams(7);
+        let copy = base.clone();
+        assert!(Arc::ptr_eq(&base.settings(), &copy.settings()));
+        let changed = copy.max_streams(9);
+        assert_eq!(base.max_streams_setting(), 7);
+        assert_eq!(changed.max_streams_setting(), 9);
+        assert!(!Arc::ptr_eq(&base.settings, &changed.settings));
     }
 
     /// The Go preset keeps every window at the protocol's 64 KiB and changes nothing else.
     #[test]
     fn go_peer_keeps_windows_at_64_kib_and_the_rest_at_the_defaults() {
         let go = Config::go_peer();
-        assert_eq!(go.window_ceiling(), INITIAL_WINDOW, "windows never grow");
-        assert_eq!(go.receive_window, INITIAL_WINDOW);
-        assert_eq!(go.max_payload, MAX_PAYLOAD, "Go's payload limit");
+        assert_eq!(
+            go.settings.window_ceiling(),
+            INITIAL_WINDOW,
+            "windows never grow"
+        );
+        assert_eq!(go.settings.receive_window, INITIAL_WINDOW);
+        assert_eq!(go.settings.max_payload, MAX_PAYLOAD, "Go's payload limit");
         // Everything but the window ceiling is the default, field by field.
         let default = Config::default();
-        let same = Config {
-            max_receive_window: default.max_receive_window,
-            ..go.clone()
+        let same = Settings {
+            max_receive_window: default.settings.max_receive_window,
+            ..Settings::clone(&go.settings)
         };
-        assert_eq!(format!("{same:?}"), format!("{default:?}"));
+        assert_eq!(format!("{same:?}"), format!("{:?}", default.settings));
         // Raising the starting window later raises the ceiling with it, as documented.
-        assert_eq!(go.receive_window(1 << 20).window_ceiling(), 1 << 20);
+        assert_eq!(
+            go.receive_window(1 << 20).settings.window_ceiling(),
+            1 << 20
+        );
     }
 }

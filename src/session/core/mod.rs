@@ -49,7 +49,7 @@ use self::slab::Slab;
 use self::stream_state::StreamState;
 pub(crate) use self::wait_list::WaitList;
 use self::write_waits::WriteWaits;
-use crate::config::{Config, Role};
+use crate::config::{Config, Role, Settings};
 use crate::session::direct::DirectWrite;
 use crate::stats::Stats;
 use crate::trace::next_session_id;
@@ -167,7 +167,8 @@ pub(crate) struct Inner {
     /// The session's number in log lines.
     pub(crate) id: u64,
     pub(crate) role: Role,
-    pub(crate) config: Config,
+    /// Shared with the `Config` it came from and the other sessions made from it.
+    pub(crate) config: Arc<Settings>,
     streams: Slab<StreamState>,
     /// Streams not finished yet (see `StreamState::finished`): what a drain and `wait_idle`
     /// wait for, with the queues written out. A handle kept on a finished stream does not
@@ -211,6 +212,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     fn new(role: Role, config: Config, now: Instant) -> Inner {
+        let config = config.settings();
         let mut inner = Inner {
             id: next_session_id(),
             role,

@@ -298,7 +298,7 @@ fn control_frames_go_out_ahead_of_queued_data() {
     core.frame(Frame::data(0, vec![2; 40_000]))
         .expect("in credit");
     assert_eq!(core.read(inbound, 40_000), 40_000);
-    core.inner.config.accept_backlog = 0;
+    std::sync::Arc::make_mut(&mut core.inner.config).accept_backlog = 0;
     core.frame(Frame::control(2, Kind::OpenStream))
         .expect("refused, not an error");
     assert_eq!(
@@ -439,13 +439,13 @@ fn a_window_that_limits_a_fast_reader_doubles() {
     );
     assert_eq!(
         core.inner.window_budget,
-        Config::default().receive_window_budget - 65_536
+        Config::default().receive_window_budget_setting() - 65_536
     );
     // Closing the stream gives the growth back to the session.
     core.inner.release(key, true, true);
     assert_eq!(
         core.inner.window_budget,
-        Config::default().receive_window_budget
+        Config::default().receive_window_budget_setting()
     );
 }
 
@@ -467,7 +467,7 @@ fn a_window_that_is_not_the_limit_stays() {
     }
     assert_eq!(
         core.inner.window_budget,
-        Config::default().receive_window_budget
+        Config::default().receive_window_budget_setting()
     );
 }
 
@@ -717,7 +717,7 @@ fn a_window_update_wakes_a_writer_waiting_for_credit() {
 
 #[test]
 fn a_burst_grows_the_window_only_if_a_read_leaves_at_most_a_quarter_of_it() {
-    let budget = Config::default().receive_window_budget;
+    let budget = Config::default().receive_window_budget_setting();
     for (left, grows) in [(16_385, false), (16_384, true)] {
         let mut core = Core::new(Role::Server, Config::default());
         let key = first_round(&mut core);

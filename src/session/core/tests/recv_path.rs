@@ -222,6 +222,6 @@ fn a_finished_stream_does_not_grow_its_window() {
     assert_eq!(core.inner.stream_stats(key).receive_window, 65_536);
     assert_eq!(
         core.inner.window_budget,
-        Config::default().receive_window_budget
+        Config::default().receive_window_budget_setting()
     );
 }
