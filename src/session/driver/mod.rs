@@ -339,9 +339,12 @@ impl Drop for EndOnDrop {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::Connection;
+    use crate::session::linger::LINGER;
     use crate::{Config, Role, Session};
 
     /// After a burst, the outgoing queues keep their capacity for `QUEUE_LINGER` and give it
@@ -385,6 +388,63 @@ mod tests {
             0,
             "and released once the session is quiet"
         );
+        drop(stream);
+    }
+
+    /// A driver whose batches the transport takes whole holds none between them: it hands
+    /// each back to the thread, where the next driver to write borrows it. One that met a
+    /// push-back keeps its own until the session goes quiet.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_written_whole_goes_back_to_the_thread_and_one_pushed_back_stays() {
+        let thread_has_batch = || {
+            super::write::SPARE_BATCH.with(|spare| {
+                let batch = spare.take();
+                let has = batch.is_some();
+                spare.set(batch);
+                has
+            })
+        };
+        let (io, peer) = tokio::io::duplex(64 * 1024);
+        let (session, mut connection) = Session::new(io, Role::Client, Config::default());
+        let peer = Session::server(peer);
+        tokio::spawn(async move {
+            let mut stream = peer.accept().await.expect("accept");
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                let n = stream.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                if n == 5 {
+                    stream.write_all(&buf[..5]).await.expect("echo");
+                }
+            }
+            drop(peer);
+        });
+        let exchange = async {
+            let mut stream = session.open().await.expect("open");
+            stream.write_all(b"hello").await.expect("write");
+            let mut echo = [0; 5];
+            stream.read_exact(&mut echo).await.expect("echo");
+            stream
+        };
+        let mut stream = tokio::select! {
+            stream = exchange => stream,
+            _ = &mut connection => panic!("the session ended"),
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(10), &mut connection).await;
+        assert!(connection.write.is_none(), "no batch held between writes");
+        assert!(thread_has_batch(), "the thread keeps the batch");
+
+        // 4 MiB into a 64 KiB pipe: the transport pushes back.
+        let burst = stream.write_all(&[7; 4 << 20]);
+        tokio::select! {
+            result = burst => result.expect("write"),
+            _ = &mut connection => panic!("the session ended"),
+        };
+        assert!(connection.write.is_some(), "a batch pushed back on is kept");
+        let _ = tokio::time::timeout(LINGER * 2, &mut connection).await;
+        assert!(connection.write.is_none(), "until the session goes quiet");
         drop(stream);
     }
 }

@@ -1,6 +1,7 @@
 //! The write side: batches taken from the core, written as the transport takes them.
 
 use super::Connection;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
@@ -41,9 +42,9 @@ pub(super) fn max_budget(write_buffer_size: usize) -> u32 {
     write_buffer_size.clamp(MIN_BUDGET, u32::MAX as usize) as u32
 }
 
-/// The batch being written, and the buffers it is built in. Kept apart from the driver, and
-/// dropped with the other buffers when the session goes quiet (see `session::linger`), or when
-/// a large batch's buffers are released: an idle session's task is then smaller by this much
+/// The batch being written, and the buffers it is built in. Kept apart from the driver's task,
+/// and held by a session only while it needs one of its own (see [`SPARE_BATCH`]): an idle
+/// session's task is then smaller by this much, and it holds no buffers
 /// (`benches/idle_sessions.rs`).
 pub(super) struct WriteBatch {
     /// Its control frames, written first…
@@ -62,8 +63,58 @@ pub(super) struct WriteBatch {
     large_batch_at: Option<Instant>,
     /// The bytes the transport took since it last pushed back, and whether it did since the
     /// last batch was taken: what the next batch's budget (`Connection::budget`) learns from.
+    /// A batch lent by the thread starts a new round.
     round_taken: usize,
     pushed_back: bool,
+    /// The transport pushed back while this batch was being written: the session keeps it
+    /// (until it goes quiet, or its large buffers are released) instead of handing it back
+    /// to the thread once written, since its next batches will likely wait too.
+    held: bool,
+}
+
+thread_local! {
+    /// One written batch per thread, lent to the drivers that run on it. A driver without a
+    /// batch of its own borrows it, and hands it back once the transport took the whole
+    /// batch, which is how most batches of most sessions end: so sessions that write a little
+    /// now and then (an exchange, a keepalive) hold no batch at all between their writes, and
+    /// allocate none. A driver that meets a push-back keeps the batch it holds until the
+    /// session goes quiet (`session::linger`), as a session's own, so that a slow link never
+    /// makes the drivers take turns allocating. It costs each thread that runs drivers one
+    /// batch, with the capacity of the largest it carried: freed by the first driver that
+    /// borrows it once it has not carried more than [`QUEUE_KEEP`] for [`QUEUE_LINGER`].
+    pub(super) static SPARE_BATCH: Cell<Option<Box<WriteBatch>>> = const { Cell::new(None) };
+}
+
+/// The thread's batch, or a new one; as a batch starts out, with a new round.
+fn borrow_batch() -> Box<WriteBatch> {
+    let Some(mut write) = SPARE_BATCH.try_with(Cell::take).ok().flatten() else {
+        return Box::new(WriteBatch::new());
+    };
+    if write
+        .large_batch_at
+        .is_some_and(|at| at.elapsed() >= QUEUE_LINGER)
+    {
+        *write = WriteBatch::new();
+    }
+    write.round_taken = 0;
+    write.pushed_back = false;
+    write
+}
+
+/// Hands a written batch to the thread, unless it has one: then it is returned.
+fn lend_back(write: Box<WriteBatch>) -> Option<Box<WriteBatch>> {
+    SPARE_BATCH
+        .try_with(|spare| match spare.take() {
+            None => {
+                spare.set(Some(write));
+                None
+            }
+            Some(other) => {
+                spare.set(Some(other));
+                Some(write)
+            }
+        })
+        .unwrap_or(None)
 }
 
 /// The write-stall timeout (from the configuration, `None` when off) and its timer. Made at the
@@ -87,6 +138,7 @@ impl WriteBatch {
             large_batch_at: None,
             round_taken: 0,
             pushed_back: false,
+            held: false,
         }
     }
 
@@ -103,6 +155,15 @@ where
 
     pub(super) fn batch_written(&self) -> bool {
         self.write.as_deref().is_none_or(WriteBatch::is_written)
+    }
+
+    /// Everything taken is written: a batch the transport never pushed back on goes back to
+    /// the thread (see [`SPARE_BATCH`]). A batch the session keeps (the thread has one)
+    /// stays until the session goes quiet.
+    fn lend_batch_back(&mut self) {
+        if let Some(write) = self.write.take_if(|w| !w.held && w.is_written()) {
+            self.write = lend_back(write);
+        }
     }
 
     /// Writes queued frames until the transport would block or nothing is queued, then flushes.
@@ -139,6 +200,7 @@ where
                     inner.set_driver_waker(cx.waker(), false);
                     drop(inner);
                     self.wake_collected();
+                    self.lend_batch_back();
                     return Poll::Pending;
                 }
                 if !inner.has_output() {
@@ -161,12 +223,11 @@ where
                     }
                     drop(inner);
                     self.wake_collected();
+                    self.lend_batch_back();
                     break;
                 }
                 let max_budget = max_budget(inner.config.write_buffer_size);
-                let write = self
-                    .write
-                    .get_or_insert_with(|| Box::new(WriteBatch::new()));
+                let write = self.write.get_or_insert_with(borrow_batch);
                 write.control_buf.clear();
                 write.control_done = 0;
                 write.write_buf.clear();
@@ -230,6 +291,7 @@ where
                         self.budget = write.round_taken.clamp(MIN_BUDGET, u32::MAX as usize) as u32;
                         write.round_taken = 0;
                         write.pushed_back = true;
+                        write.held = true;
                     }
                     self.arm_stall(cx);
                     return Poll::Pending;
