@@ -234,17 +234,23 @@ impl Outgoing {
 
 /// Whether the control queue is written up to `mark`, a position (wrapping) in it, as of
 /// `written`. Right while `mark` is less than 2^31 entries behind or ahead: a mark not yet
-/// written is at most the control queue's bound ahead, and [`Inner::forget_written_closes`]
+/// written is at most the control queue's bound ahead, and [`Inner::forget_written_marks`]
 /// drops written marks before they are 2^31 behind.
 fn control_written_to(written: u64, mark: u32) -> bool {
     (written as u32).wrapping_sub(mark) < 1 << 31
 }
 
-/// Every 2^30 control entries written, streams forget the marks of their closes written by
-/// then: a mark kept is never more than 2^31 behind, where its wrapping comparison would turn
-/// back to unwritten (and a flush of a stream whose close went out long before would wait for
-/// 2^31 more). One pass over the streams per 2^30 control frames.
-const CLOSE_MARK_SWEEP: u32 = 30;
+/// Every 2^30 control entries written, streams forget the marks of their frames written by
+/// then (see `StreamState::control_mark`): a mark kept is never more than 2^31 behind, where
+/// its wrapping comparison would turn back to unwritten (and a flush of a stream whose close
+/// went out long before would wait for 2^31 more). One pass over the streams per 2^30 control
+/// frames.
+const CONTROL_MARK_SWEEP: u32 = 30;
+
+/// Opens go in the control queue only while it holds fewer entries than this (see
+/// [`Inner::queue_open`]): with a transport that takes nothing, at most this many opens pass
+/// without waiting for room.
+pub(super) const OPENS_IN_CONTROL: usize = 64;
 
 impl Inner {
     // -----------------------------------------------------------------------------------------
@@ -425,10 +431,41 @@ impl Inner {
             self.queue_frame(key, header);
             return;
         }
+        self.queue_stream_control(key, header);
+    }
+
+    /// Queues a frame of the stream in the control queue, and marks the stream as having one
+    /// there: its flush and `is_written` wait for it.
+    fn queue_stream_control(&mut self, key: usize, header: Header) {
         let mark = self.queue_control(Control::Frame(header));
         if let Some(stream) = self.streams.get_mut(key) {
-            stream.close_mark = mark as u32;
-            stream.queued.set(Queued::CLOSE_IN_CONTROL, true);
+            stream.control_mark = mark as u32;
+            stream.queued.set(Queued::IN_CONTROL, true);
+        }
+    }
+
+    /// Queues a new stream's OpenStream, and the announcement of a window above the
+    /// protocol's initial one right behind it (as a control frame of its own it could reach
+    /// the peer before the stream does, and be ignored). While nothing of the send queues is
+    /// unwritten, they go in the control queue, which goes out first anyway: no send queue is
+    /// made for a stream that has not written, and its first write may go straight to the
+    /// transport behind them (see `session::direct`). Otherwise, or once [`OPENS_IN_CONTROL`]
+    /// control entries wait (a transport that takes nothing), they go in the stream's send
+    /// queue, where they take room and so make the next opens wait for it, and where no later
+    /// open can overtake them.
+    pub(super) fn queue_open(&mut self, key: usize, header: Header, announce: Option<Header>) {
+        let entries = 1 + usize::from(announce.is_some());
+        let data_idle = self.out.queues.queued == 0 && self.out.data_written >= self.out.data_end;
+        if data_idle && self.out.control.len() + entries <= OPENS_IN_CONTROL {
+            self.queue_stream_control(key, header);
+            if let Some(announce) = announce {
+                self.queue_stream_control(key, announce);
+            }
+            return;
+        }
+        self.queue_frame(key, header);
+        if let Some(announce) = announce {
+            self.queue_frame(key, announce);
         }
     }
 
@@ -451,6 +488,12 @@ impl Inner {
     /// `tests/core_findings_a.rs`, `close_frames_for_dropped_streams_stop_the_reading_at_the_queue_bound`).
     pub(crate) fn control_limit(&self) -> usize {
         self.config.accept_backlog + self.config.max_streams
+    }
+
+    /// Entries in the control queue.
+    #[cfg(test)]
+    pub(super) fn control_len(&self) -> usize {
+        self.out.control.len()
     }
 
     /// Whether the control queue is over its bound, so reading must wait for it to drain.
@@ -625,8 +668,8 @@ impl Inner {
         let mark = self.out.control_pushed as u32;
         if frame_taken {
             if let Some(stream) = self.streams.get_mut(key) {
-                stream.close_mark = mark;
-                stream.queued.set(Queued::CLOSE_IN_CONTROL, true);
+                stream.control_mark = mark;
+                stream.queued.set(Queued::IN_CONTROL, true);
             }
         }
     }
@@ -754,8 +797,8 @@ impl Inner {
         let before = out.control_written;
         out.control_written = out.control_written.max(control);
         out.bytes_written += bytes;
-        if (before ^ out.control_written) >> CLOSE_MARK_SWEEP != 0 {
-            self.forget_written_closes();
+        if (before ^ out.control_written) >> CONTROL_MARK_SWEEP != 0 {
+            self.forget_written_marks();
         }
         while let Some((key, id)) = self.out.queues.next_written(self.out.data_written) {
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
@@ -778,15 +821,15 @@ impl Inner {
         }
     }
 
-    /// Streams whose close in the control queue is written forget its mark (see
-    /// [`CLOSE_MARK_SWEEP`]).
-    fn forget_written_closes(&mut self) {
+    /// Streams whose last frame in the control queue is written forget its mark (see
+    /// [`CONTROL_MARK_SWEEP`]).
+    fn forget_written_marks(&mut self) {
         let written = self.out.control_written;
         for stream in self.streams.iter_mut() {
-            if stream.queued.has(Queued::CLOSE_IN_CONTROL)
-                && control_written_to(written, stream.close_mark)
+            if stream.queued.has(Queued::IN_CONTROL)
+                && control_written_to(written, stream.control_mark)
             {
-                stream.queued.set(Queued::CLOSE_IN_CONTROL, false);
+                stream.queued.set(Queued::IN_CONTROL, false);
             }
         }
     }
@@ -930,8 +973,8 @@ impl Inner {
     pub(super) fn is_written(&self, key: usize) -> bool {
         self.streams.get(key).is_none_or(|s| {
             s.send_queue == NO_QUEUE
-                && (!s.queued.has(Queued::CLOSE_IN_CONTROL)
-                    || self.out.control_written_to(s.close_mark))
+                && (!s.queued.has(Queued::IN_CONTROL)
+                    || self.out.control_written_to(s.control_mark))
         })
     }
 
@@ -948,7 +991,7 @@ impl Inner {
         // queue does, once written.
         if stream.send_queue == NO_QUEUE && !stream.queued.has(Queued::FLUSH) {
             stream.queued.set(Queued::FLUSH, true);
-            let entry = (stream.close_mark, key, stream.id);
+            let entry = (stream.control_mark, key, stream.id);
             self.out.waits().flush_control.push_back(entry);
             self.prune_flush();
         }
@@ -1036,6 +1079,11 @@ impl Outgoing {
         self.queues.release_empty();
         if self.control.is_empty() {
             self.control = VecDeque::new();
+        }
+        // Empty but for the direct write under way, if any, which has it in hand.
+        self.direct_control = Vec::new();
+        if self.direct_rest.is_empty() {
+            self.direct_rest = Vec::new();
         }
         if self.waits.as_ref().is_some_and(|w| {
             w.room.is_empty() && w.openers.len() == 0 && w.flush_control.is_empty()

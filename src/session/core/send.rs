@@ -55,23 +55,16 @@ impl Inner {
         }
         self.next_id = id.wrapping_add(2);
         let key = self.insert_stream(id);
-        self.queue_frame(key, Header::new(id, Kind::OpenStream));
-        // A window above the protocol's initial one is announced right behind the open: as
-        // a control frame it could reach the peer before the stream does, and be ignored.
         let announce = self
             .streams
             .get_mut(key)
-            .and_then(|s| s.window.take_update());
-        if let Some(credit) = announce {
-            self.queue_frame(
-                key,
-                Header {
-                    id,
-                    length: credit,
-                    kind: Kind::WindowUpdate,
-                },
-            );
-        }
+            .and_then(|s| s.window.take_update())
+            .map(|credit| Header {
+                id,
+                length: credit,
+                kind: Kind::WindowUpdate,
+            });
+        self.queue_open(key, Header::new(id, Kind::OpenStream), announce);
         self.stats.streams_opened += 1;
         event!(trace, session = self.id, stream = id, "stream opened");
         // The next in line may open too.

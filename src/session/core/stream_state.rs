@@ -81,10 +81,12 @@ pub(super) struct StreamState {
     /// Its send queue in `SendQueues`, or [`NO_QUEUE`]: it has one while anything it queued
     /// is not written.
     pub(super) send_queue: u32,
-    /// The control-queue position (wrapping) just past its last close sent there, when
-    /// `queued` has `CLOSE_IN_CONTROL`: a close goes there when the stream has no send queue
-    /// (nothing of it is unwritten), so that the control queue's bound covers it.
-    pub(super) close_mark: u32,
+    /// The control-queue position (wrapping) just past its last frame there, when `queued`
+    /// has `IN_CONTROL`: its OpenStream goes there when the stream is opened, and a close
+    /// when the stream has no send queue (nothing of it is unwritten), so that they go out at
+    /// once and count in the control queue's bound; so does what a direct write of its
+    /// left unwritten. Its flush waits for it.
+    pub(super) control_mark: u32,
     /// The session's queues the stream has an entry in.
     pub(super) queued: Queued,
     /// Room kept for its writer, once let in after waiting for room.
@@ -140,7 +142,7 @@ impl StreamState {
             tuner: Tuner::default(),
             send_credit: INITIAL_WINDOW,
             send_queue: NO_QUEUE,
-            close_mark: 0,
+            control_mark: 0,
             queued: Queued::default(),
             room_grant: RoomGrant::default(),
             write_wait: WriteWait::Idle,
@@ -261,8 +263,8 @@ impl Queued {
     pub(super) const STOP: u8 = 1 << 3;
     /// The queue of tasks waiting for a close in the control queue to be written.
     pub(super) const FLUSH: u8 = 1 << 2;
-    /// Not a queue: `close_mark` holds the position of a close in the control queue.
-    pub(super) const CLOSE_IN_CONTROL: u8 = 1 << 4;
+    /// Not a queue: `control_mark` holds the position of its last frame in the control queue.
+    pub(super) const IN_CONTROL: u8 = 1 << 4;
     /// Not a queue: the stream's send priority is not 0, and kept in `Inner::priorities`.
     pub(super) const PRIORITY: u8 = 1 << 6;
     /// Not a queue either: the stream is finished (see `StreamState::finished`) and counted out

@@ -304,9 +304,10 @@ fn control_frames_go_out_ahead_of_queued_data() {
     assert_eq!(
         kinds(&core.sent()),
         vec![
+            // Queued in the control queue when the stream was opened, before the others.
+            (out_id, Kind::OpenStream),
             (0, Kind::WindowUpdate),
             (2, Kind::CloseStream),
-            (out_id, Kind::OpenStream),
             (out_id, Kind::Data),
         ]
     );
@@ -585,47 +586,94 @@ fn frame_starts_are_recorded_sparsely() {
         &mut Vec::new(),
     );
     let frame = (HEADER_LEN + 1000) as u64;
-    // OpenStream is 8 bytes, then frames of 1008: a start recorded every 17 frames.
-    let expected: Vec<u64> = (1..=3)
-        .map(|i| batch.data_start + 8 + 17 * i * frame)
-        .collect();
+    // Frames of 1008 bytes (the OpenStream is a control frame): a start every 17 frames.
+    let expected: Vec<u64> = (1..=3).map(|i| batch.data_start + 17 * i * frame).collect();
     assert_eq!(Vec::from(starts), expected);
 }
 
-/// Nothing about a stream reaches the peer before the stream does: a close or the announcement
-/// of a larger window for a stream whose OpenStream is still in the batch being written waits
-/// behind it, even though control frames go out between the frames of a batch.
+/// Nothing about a stream reaches the peer before the stream does. Its OpenStream, and the
+/// announcement of a larger window right behind it, go in the control queue when it opens;
+/// its closes follow them in that queue, or its data in the send queue, which comes after the
+/// control frames taken with it.
 #[test]
 fn nothing_overtakes_an_unwritten_open() {
     let mut core = Core::new(Role::Client, Config::default().receive_window(1 << 20));
     let (key, id) = core.open();
-    let (mut control, mut data) = (Vec::new(), OutQueue::new());
-    let batch = core.take_into(usize::MAX, &mut control, &mut data, &mut Vec::new());
-    assert!(
-        control.is_empty(),
-        "the window is announced behind the open"
-    );
-    assert_eq!(
-        kinds(&headers(&data.to_vec())),
-        vec![(id, Kind::OpenStream), (id, Kind::WindowUpdate)]
-    );
-    // The batch is not written yet: the stream's close waits behind it.
     core.inner.close_read(key);
     core.inner.shutdown(key);
-    let (mut control, mut later) = (Vec::new(), OutQueue::new());
-    core.inner
-        .take_control(core.now, &mut control, &mut Vec::new());
-    assert!(
-        control.is_empty(),
-        "no close goes ahead of the unwritten open"
-    );
-    let written = batch.data_start + data.len() as u64;
-    core.inner
-        .written(written, batch.control_end, 0, &mut Vec::new());
-    core.take_into(usize::MAX, &mut control, &mut later, &mut Vec::new());
     assert_eq!(
-        kinds(&headers(&later.to_vec())),
-        vec![(id, Kind::CloseWrite), (id, Kind::CloseRead)]
+        kinds(&core.sent()),
+        vec![
+            (id, Kind::OpenStream),
+            (id, Kind::WindowUpdate),
+            (id, Kind::CloseWrite),
+            (id, Kind::CloseRead)
+        ]
+    );
+
+    let (key, id) = core.open();
+    let (mut control, mut data) = (Vec::new(), OutQueue::new());
+    let batch = core.take_into(usize::MAX, &mut control, &mut data, &mut Vec::new());
+    assert_eq!(
+        kinds(&headers(&control)),
+        vec![(id, Kind::OpenStream), (id, Kind::WindowUpdate)]
+    );
+    // The batch is not written yet: the stream's data and closes come after it.
+    assert!(core
+        .inner
+        .poll_write(key, Waker::noop(), b"data")
+        .is_ready());
+    core.inner.close_read(key);
+    core.inner.shutdown(key);
+    core.inner
+        .written(batch.data_start, batch.control_end, 0, &mut Vec::new());
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![
+            (id, Kind::Data),
+            (id, Kind::CloseWrite),
+            (id, Kind::CloseRead)
+        ]
+    );
+}
+
+/// An open while the control queue holds `OPENS_IN_CONTROL` entries (a transport that takes
+/// nothing), or while data of the send queues is unwritten, waits in the stream's send queue,
+/// where it takes room, and where no later open overtakes it.
+#[test]
+fn an_open_behind_a_full_control_queue_or_unwritten_data_goes_in_its_send_queue() {
+    let mut core = Core::new(Role::Client, Config::default());
+    for _ in 0..super::outgoing::OPENS_IN_CONTROL {
+        core.inner.queue_keepalive();
+    }
+    let control = core.inner.control_len();
+    let (_, id) = core.open();
+    assert_eq!(
+        core.inner.control_len(),
+        control,
+        "not in the control queue"
+    );
+    let sent = kinds(&core.sent());
+    assert_eq!(
+        sent.last(),
+        Some(&(id, Kind::OpenStream)),
+        "behind the control frames"
+    );
+
+    let (key, first) = core.open();
+    assert!(core
+        .inner
+        .poll_write(key, Waker::noop(), b"data")
+        .is_ready());
+    let (_, second) = core.open();
+    assert_eq!(core.inner.control_len(), 1, "only the first open");
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![
+            (first, Kind::OpenStream),
+            (first, Kind::Data),
+            (second, Kind::OpenStream)
+        ]
     );
 }
 
