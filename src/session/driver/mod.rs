@@ -28,6 +28,7 @@ mod write;
 use self::timers::{Silence, Timer};
 use self::write::{Stall, WriteBatch, FIRST_BUDGET};
 
+use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -73,7 +74,8 @@ pub struct Connection<T> {
     /// session pausing on a slow link does not start again with a large batch in hand.
     budget: u32,
     phase: Phase,
-    /// Wakers collected under the lock, woken after it is released.
+    /// Wakers collected under the lock, woken after it is released. Its room is the thread's
+    /// (see [`SPARE_WAKERS`]), lent to the driver while it is polled.
     wakers: Vec<Waker>,
     /// Reading waits for the control queue to drain below its bound.
     read_paused: bool,
@@ -246,6 +248,31 @@ where
         let this = &mut *self;
         #[cfg(feature = "tracing")]
         let _span = this.span.clone().entered();
+        this.wakers = SPARE_WAKERS.try_with(Cell::take).unwrap_or_default();
+        let poll = this.poll_phases(cx);
+        // Nothing collected is left unwoken; the room goes back to the thread.
+        this.wake_collected();
+        let wakers = std::mem::take(&mut this.wakers);
+        let _ = SPARE_WAKERS.try_with(|spare| spare.set(wakers));
+        poll
+    }
+}
+
+thread_local! {
+    /// Room for the wakers a driver collects while it is polled, one per thread, lent to the
+    /// driver polled on it: a session does not hold it between polls, so an idle one holds
+    /// none (`benches/idle_sessions.rs`), and a busy one allocates nothing for it. It keeps
+    /// the room of the most wakers one poll collected on the thread.
+    static SPARE_WAKERS: Cell<Vec<Waker>> = const { Cell::new(Vec::new()) };
+}
+
+impl<T> Connection<T>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    /// `poll`'s phases; see the table there.
+    fn poll_phases(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let this = self;
         loop {
             match this.phase {
                 Phase::Done => return Poll::Ready(this.shared.lock().outcome()),

@@ -214,7 +214,6 @@ where
         if !self.stall_armed {
             self.stall = None;
         }
-        self.wakers = Vec::new();
         self.shared.lock().release_buffers();
     }
 }
