@@ -32,7 +32,9 @@ use crate::frame::{Frame, Header, Kind, HEADER_LEN, MAX_LENGTH_FIELD, MAX_PAYLOA
 /// Encoder and decoder of gomux frames.
 #[derive(Debug, Clone)]
 pub struct FrameCodec {
-    max_payload: usize,
+    /// At most the length field's 2^24 - 1, so 32 bits hold it (the codec lives in every
+    /// session's driver task, where every byte counts for an idle session).
+    max_payload: u32,
     state: DecodeState,
     /// Whether `decode` reserves room for the rest of a partial payload. The session turns it
     /// off: it manages its own read buffers, and a reserve there would allocate behind its back.
@@ -58,7 +60,7 @@ impl FrameCodec {
     /// large buffers; do not raise it for input you do not trust.
     pub fn with_max_payload(max_payload: usize) -> FrameCodec {
         FrameCodec {
-            max_payload: max_payload.min(MAX_LENGTH_FIELD as usize),
+            max_payload: max_payload.min(MAX_LENGTH_FIELD as usize) as u32,
             state: DecodeState::Head,
             reserve_payload: true,
         }
@@ -80,7 +82,7 @@ impl FrameCodec {
 
     /// The largest Data payload this codec accepts.
     pub fn max_payload(&self) -> usize {
-        self.max_payload
+        self.max_payload as usize
     }
 
     /// Whether a Data frame's header has been consumed and its payload is still awaited.
@@ -100,11 +102,11 @@ impl FrameCodec {
             id: u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]),
             kind,
         })?;
-        if header.kind == Kind::Data && header.length as usize > self.max_payload {
+        if header.kind == Kind::Data && header.length > self.max_payload {
             return Err(ProtocolError::PayloadTooLarge {
                 id: header.id,
                 length: header.length,
-                max: self.max_payload,
+                max: self.max_payload as usize,
             });
         }
         Ok(Some(header))
@@ -213,10 +215,10 @@ impl Encoder<Frame> for FrameCodec {
                     payload: payload.len(),
                 });
             }
-            if payload.len() > self.max_payload {
+            if payload.len() > self.max_payload as usize {
                 return invalid(InvalidFrame::PayloadTooLarge {
                     length: payload.len(),
-                    max: self.max_payload,
+                    max: self.max_payload as usize,
                 });
             }
         } else if !payload.is_empty() {

@@ -256,7 +256,9 @@ impl Config {
     }
 
     /// Send a Keepalive frame after this long without writing anything, default 30 s; `None`
-    /// never sends one. Keeps a peer's idle timeout (and NAT state) from expiring.
+    /// never sends one. Keeps a peer's idle timeout (and NAT state) from expiring. Counted in
+    /// whole milliseconds (rounded up), at most 2^30 ms (about 12.4 days): a longer interval
+    /// is cut to that.
     #[must_use = "a setter returns the changed configuration"]
     pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Config {
         self.edit().keepalive_interval = interval.filter(|d| !d.is_zero());
@@ -267,7 +269,8 @@ impl Config {
     /// all is received for this long. Default `None` (off), because a Go peer sends a keepalive
     /// only every 10 minutes; set it above the peer's keepalive interval. (An idle Go peer's
     /// keepalives arrived every 600 s, to the second: 630 s kept such a session up for the
-    /// 72 minutes it was watched, 590 s ended it.)
+    /// 72 minutes it was watched, 590 s ended it.) Counted in whole milliseconds (rounded up),
+    /// at most 2^30 ms (about 12.4 days): a longer timeout is cut to that.
     #[must_use = "a setter returns the changed configuration"]
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Config {
         self.edit().idle_timeout = timeout.filter(|d| !d.is_zero());

@@ -1,6 +1,6 @@
 //! The closing phases: flushing what is queued, shutting the transport down, draining.
 
-use super::{Connection, Phase};
+use super::{Collected, Connection, Phase};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,23 +29,25 @@ where
 
     /// Moves to closing when the session ended, or drained (see `Inner::check_draining`).
     pub(super) fn check_end(&mut self) {
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
-        inner.check_draining(&mut self.wakers);
-        inner.wake_if_idle(&mut self.wakers);
+        inner.check_draining(wakers.list());
+        inner.wake_if_idle(wakers.list());
         if inner.end_reason().is_some() {
             inner.queue_final_frames();
             self.phase = Phase::Flushing;
         }
         drop(inner);
-        self.wake_collected();
+        wakers.wake();
     }
 
     pub(super) fn finish(&mut self, close_error: Option<Error>) {
         self.phase = Phase::Done;
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
-        inner.finish(close_error, &mut self.wakers);
+        inner.finish(close_error, wakers.list());
         drop(inner);
-        self.wake_collected();
+        wakers.wake();
     }
 
     /// Flushing, shutting down and draining, within the close timeout. The transport is read in

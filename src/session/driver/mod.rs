@@ -25,7 +25,7 @@ mod read;
 mod timers;
 mod write;
 
-use self::timers::{Silence, Timer};
+use self::timers::{Clock, Timers};
 use self::write::{Stall, WriteBatch, FIRST_BUDGET};
 
 use std::cell::Cell;
@@ -41,7 +41,6 @@ use tokio::time::Sleep;
 use crate::codec::FrameCodec;
 use crate::error::Error;
 use crate::session::core::Shared;
-use crate::session::linger::Linger;
 use crate::session::read_buf::ReadBuffer;
 
 /// Drives a session: reads, writes and times its transport. Created by
@@ -54,11 +53,16 @@ use crate::session::read_buf::ReadBuffer;
 #[must_use = "a session does nothing unless its connection is polled (spawn it)"]
 pub struct Connection<T> {
     io: T,
-    shared: Arc<Shared>,
+    /// The session's state, which the driver ends if it goes first (see `EndOnDrop`).
+    shared: EndOnDrop,
     codec: FrameCodec,
     read_buf: ReadBuffer,
-    /// When the session has gone quiet and gives its buffers back.
-    linger: Linger,
+    /// The timers' clock, and the timers: the keepalive, the peer's silence (the idle timeout,
+    /// and twice the keepalive interval a peer of this crate announced once its greeting has
+    /// come: silence that long means it is dead, see `Error::KeepaliveTimeout`), and the
+    /// linger, after which a quiet session gives its buffers back (see `Timers`).
+    clock: Clock,
+    timers: Timers,
     /// The batch being written and its buffers: made by the first batch, dropped when the
     /// session goes quiet (see `WriteBatch`).
     write: Option<Box<WriteBatch>>,
@@ -74,27 +78,16 @@ pub struct Connection<T> {
     /// session pausing on a slow link does not start again with a large batch in hand.
     budget: u32,
     phase: Phase,
-    /// Wakers collected under the lock, woken after it is released. Its room is the thread's
-    /// (see [`SPARE_WAKERS`]), lent to the driver while it is polled.
-    wakers: Vec<Waker>,
     /// Reading waits for the control queue to drain below its bound.
     read_paused: bool,
     /// The transport's read side has ended (end-of-file or an error).
     read_closed: bool,
     /// The peer sent CloseMux: it is closing, so a broken pipe while we finish is no failure.
     peer_closed: bool,
-    /// The keepalive, counting from the first poll.
-    keepalive: Option<Timer>,
-    /// The idle timeout, counting from the first poll, and twice the keepalive interval a
-    /// peer of this crate announced once its greeting has come: silence that long means it is
-    /// dead (see `Error::KeepaliveTimeout`). One timer for both (see `Silence`).
-    silence: Option<Silence>,
-    /// Wakes the driver when one of the two timers above, or the linger, must look again
-    /// (see `Timer`).
+    /// Wakes the driver when one of the timers must look again.
     timer_sleep: Option<Pin<Box<Sleep>>>,
     /// The peer's kind is known, so the peer's liveness is settled.
     peer_known: bool,
-    timers_started: bool,
     /// The write-stall timer (see `Stall`), armed while the transport takes none of the bytes
     /// waiting for it.
     stall: Option<Box<Stall>>,
@@ -107,7 +100,6 @@ pub struct Connection<T> {
     /// `gomux{session, role}`, entered while the driver runs.
     #[cfg(feature = "tracing")]
     span: tracing::Span,
-    _end_on_drop: EndOnDrop,
 }
 
 impl<T> fmt::Debug for Connection<T> {
@@ -152,35 +144,30 @@ where
         #[cfg(feature = "tracing")]
         let span = tracing::debug_span!("gomux", session = inner.id, role = ?inner.role);
         drop(inner);
-        let end_on_drop = EndOnDrop(Arc::clone(&shared));
         Connection {
             io,
-            shared,
+            shared: EndOnDrop(shared),
             codec: FrameCodec::with_max_payload(max_payload).without_reserve(),
             read_buf: ReadBuffer::new(),
-            linger: Linger::new(),
+            clock: Clock::new(),
+            timers: Timers::new(keepalive, idle),
             write: None,
             control_waiting: false,
             direct_writes: 0,
             unflushed: false,
             budget: FIRST_BUDGET as u32,
             phase: Phase::Active,
-            wakers: Vec::new(),
             read_paused: false,
             read_closed: false,
             peer_closed: false,
-            keepalive: keepalive.map(Timer::new),
-            silence: idle.map(Silence::idle),
             timer_sleep: None,
             peer_known: false,
-            timers_started: false,
             stall: None,
             stall_armed: false,
             close_deadline: None,
             write_failed: None,
             #[cfg(feature = "tracing")]
             span,
-            _end_on_drop: end_on_drop,
         }
     }
 
@@ -216,18 +203,13 @@ where
         self.io
     }
 
-    fn wake_collected(&mut self) {
-        for waker in self.wakers.drain(..) {
-            waker.wake();
-        }
-    }
-
     /// Ends the session with `error`; `close_mux` says whether the peer should be told.
     fn end(&mut self, error: Error, close_mux: bool) {
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
-        inner.end(error, close_mux, &mut self.wakers);
+        inner.end(error, close_mux, wakers.list());
         drop(inner);
-        self.wake_collected();
+        wakers.wake();
     }
 }
 
@@ -248,22 +230,44 @@ where
         let this = &mut *self;
         #[cfg(feature = "tracing")]
         let _span = this.span.clone().entered();
-        this.wakers = SPARE_WAKERS.try_with(Cell::take).unwrap_or_default();
-        let poll = this.poll_phases(cx);
-        // Nothing collected is left unwoken; the room goes back to the thread.
-        this.wake_collected();
-        let wakers = std::mem::take(&mut this.wakers);
-        let _ = SPARE_WAKERS.try_with(|spare| spare.set(wakers));
-        poll
+        this.poll_phases(cx)
     }
 }
 
 thread_local! {
-    /// Room for the wakers a driver collects while it is polled, one per thread, lent to the
-    /// driver polled on it: a session does not hold it between polls, so an idle one holds
-    /// none (`benches/idle_sessions.rs`), and a busy one allocates nothing for it. It keeps
-    /// the room of the most wakers one poll collected on the thread.
+    /// Room for the wakers a driver collects, one per thread, lent to the driver running on
+    /// it (see [`Collected`]): a session holds none between polls, so an idle one holds none
+    /// (`benches/idle_sessions.rs`), and a busy one allocates nothing for it. It keeps the
+    /// room of the most wakers collected at once on the thread.
     static SPARE_WAKERS: Cell<Vec<Waker>> = const { Cell::new(Vec::new()) };
+}
+
+/// Wakers collected under the session's lock, to be woken once it is released, in the
+/// thread's room for them (see [`SPARE_WAKERS`]). One at a time per thread: one made while
+/// another is held would find no room to borrow.
+struct Collected(Vec<Waker>);
+
+impl Collected {
+    fn new() -> Collected {
+        Collected(SPARE_WAKERS.try_with(Cell::take).unwrap_or_default())
+    }
+
+    fn list(&mut self) -> &mut Vec<Waker> {
+        &mut self.0
+    }
+
+    /// Wakes them (the lock released), and gives the room back.
+    fn wake(self) {}
+}
+
+impl Drop for Collected {
+    fn drop(&mut self) {
+        for waker in self.0.drain(..) {
+            waker.wake();
+        }
+        let room = std::mem::take(&mut self.0);
+        let _ = SPARE_WAKERS.try_with(|spare| spare.set(room));
+    }
 }
 
 impl<T> Connection<T>
@@ -295,11 +299,12 @@ where
                         // The peer may have sent data, even its CloseMux, before the connection
                         // failed: read on until the transport ends (for at most the close
                         // timeout), so that none of it is lost. Writes go nowhere meanwhile.
+                        let mut wakers = Collected::new();
                         let mut inner = this.shared.lock();
                         let deadline = Box::pin(tokio::time::sleep(inner.config.close_timeout));
-                        inner.transport_write_failed(error.clone(), &mut this.wakers);
+                        inner.transport_write_failed(error.clone(), wakers.list());
                         drop(inner);
-                        this.wake_collected();
+                        wakers.wake();
                         this.write_failed = Some(Box::new((error, deadline)));
                         continue;
                     }
@@ -347,6 +352,14 @@ where
 /// [`Connection::into_inner`]): every stream operation then fails with
 /// [`Error::ClosedLocally`] instead of waiting for a driver that is gone.
 struct EndOnDrop(Arc<Shared>);
+
+impl std::ops::Deref for EndOnDrop {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
 
 impl Drop for EndOnDrop {
     fn drop(&mut self) {
@@ -473,5 +486,18 @@ mod tests {
         let _ = tokio::time::timeout(LINGER * 2, &mut connection).await;
         assert!(connection.write.is_none(), "until the session goes quiet");
         drop(stream);
+    }
+
+    /// tokio allocates a task in steps of 128 bytes: with its header and trailer, a future of
+    /// up to 152 bytes gets a 256-byte task (tokio 1.54, measured by spawning futures of known
+    /// sizes and recording the allocation), one of 160 a 384-byte one. The driver is every
+    /// session's task, so a field added here costs each idle session 128 bytes
+    /// (`benches/idle_sessions.rs`). (With the `tracing` feature its span takes 40 more.)
+    #[cfg(not(feature = "tracing"))]
+    #[test]
+    fn the_driver_fits_tokios_256_byte_task() {
+        type Spawned = Connection<crate::session::direct::SharedIo<tokio::net::TcpStream>>;
+        let size = std::mem::size_of::<Spawned>();
+        assert!(size <= 152, "the driver takes {size} bytes");
     }
 }

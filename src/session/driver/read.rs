@@ -1,6 +1,6 @@
 //! Reading: the transport's bytes, decoded into frames and applied to the core.
 
-use super::{Connection, Silence};
+use super::{Collected, Connection};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -98,7 +98,6 @@ where
                     if n == space {
                         self.read_buf.filled();
                     }
-                    self.linger.touch(Instant::now());
                     n
                 }
                 Poll::Ready(Err(e)) => {
@@ -107,10 +106,8 @@ where
                     return false;
                 }
             };
-            let now = Instant::now();
-            if let Some(silence) = &mut self.silence {
-                silence.last = now;
-            }
+            let (_, now) = self.clock.now();
+            self.timers.read(now);
             budget = budget.saturating_sub(n);
             if budget == 0 {
                 // Apply what was read before yielding, so that the readers it wakes run on
@@ -162,6 +159,7 @@ where
     fn apply_stack_frames(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
         let now = Instant::now();
         let source = self.read_buf.source();
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
         let result = loop {
             if inner.control_over_limit() || bytes.len() < HEADER_LEN {
@@ -180,7 +178,7 @@ where
                 Ok(Some(header)) => {
                     let len = payload_len(&header);
                     let payload = Payload::Borrowed(&bytes[..len]);
-                    let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
+                    let applied = inner.on_received(header, payload, source, now, wakers.list());
                     bytes = &bytes[len..];
                     if let Err(error) = applied {
                         break Err(error);
@@ -193,7 +191,7 @@ where
         };
         let kind = inner.peer_kind();
         drop(inner);
-        self.after_frames(kind);
+        self.after_frames(kind, wakers);
         if result.is_ok() && !bytes.is_empty() {
             self.read_buf.extend_from_read(bytes);
         }
@@ -205,6 +203,7 @@ where
     pub(super) fn apply_frames(&mut self) -> Result<bool, Error> {
         let now = Instant::now();
         let source = self.read_buf.source();
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
         let result = loop {
             if inner.control_over_limit() {
@@ -221,7 +220,7 @@ where
                     } else {
                         (Payload::Borrowed(&buf[..len]), len)
                     };
-                    let applied = inner.on_received(header, payload, source, now, &mut self.wakers);
+                    let applied = inner.on_received(header, payload, source, now, wakers.list());
                     buf.advance(rest);
                     if let Err(error) = applied {
                         break Err(error);
@@ -233,17 +232,17 @@ where
         };
         let kind = inner.peer_kind();
         drop(inner);
-        self.after_frames(kind);
+        self.after_frames(kind, wakers);
         result
     }
 
     /// Once frames were applied (the lock released): learns the peer's kind from its first
     /// frame, and wakes the tasks the frames made ready.
-    fn after_frames(&mut self, kind: PeerKind) {
+    fn after_frames(&mut self, kind: PeerKind, wakers: Collected) {
+        wakers.wake();
         if !self.peer_known {
             self.learn_peer(kind);
         }
-        self.wake_collected();
     }
 
     /// Once the peer's first frame told what it is: a peer of this crate that announced a
@@ -257,8 +256,7 @@ where
                 keepalive: Some(interval),
             } => {
                 self.peer_known = true;
-                let silence = self.silence.take();
-                self.silence = Some(Silence::with_liveness(silence, interval.saturating_mul(2)));
+                self.timers.peer_keepalive(interval);
             }
             PeerKind::Greeted { keepalive: None } | PeerKind::Plain => self.peer_known = true,
         }

@@ -1,6 +1,6 @@
 //! The write side: batches taken from the core, written as the transport takes them.
 
-use super::Connection;
+use super::{Collected, Connection};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -174,6 +174,7 @@ where
         let mut took = false;
         loop {
             if self.batch_written() {
+                let mut wakers = Collected::new();
                 let mut inner = self.shared.lock();
                 if inner.take_flush_wanted() {
                     self.unflushed = true;
@@ -183,11 +184,8 @@ where
                     // buffers stay (a queued write after a release would allocate them again).
                     self.direct_writes = inner.direct_writes();
                     // Nor is a keepalive needed: the peer heard from this side.
-                    let now = Instant::now();
-                    self.linger.touch(now);
-                    if let Some(keepalive) = &mut self.keepalive {
-                        keepalive.last = now;
-                    }
+                    let (now, tick) = self.clock.now();
+                    self.timers.wrote(tick);
                     if let Some(write) = self.write.as_deref_mut() {
                         if write.large_batch_at.is_some() {
                             write.large_batch_at = Some(now);
@@ -199,7 +197,7 @@ where
                     // and it wakes this task then (a closing session's CloseMux waited here).
                     inner.set_driver_waker(cx.waker(), false);
                     drop(inner);
-                    self.wake_collected();
+                    wakers.wake();
                     self.lend_batch_back();
                     return Poll::Pending;
                 }
@@ -211,7 +209,7 @@ where
                         inner.room_waiting()
                     } else {
                         inner.void_room_grants();
-                        inner.wake_room(&mut self.wakers)
+                        inner.wake_room(wakers.list())
                     };
                     if waiting {
                         cx.waker().wake_by_ref();
@@ -222,7 +220,7 @@ where
                         self.write = None;
                     }
                     drop(inner);
-                    self.wake_collected();
+                    wakers.wake();
                     self.lend_batch_back();
                     break;
                 }
@@ -245,12 +243,12 @@ where
                     &mut write.control_buf,
                     &mut write.write_buf,
                     &mut write.boundaries,
-                    &mut self.wakers,
+                    wakers.list(),
                 );
                 self.control_waiting = false;
                 took = true;
                 drop(inner);
-                self.wake_collected();
+                wakers.wake();
                 continue;
             }
             let data_limit = self.control_in_batch();
@@ -330,11 +328,12 @@ where
             Some(&start) if start == at => {
                 write.control_buf.clear();
                 write.control_done = 0;
+                let mut wakers = Collected::new();
                 let mut inner = self.shared.lock();
                 write.batch.control_end =
-                    inner.take_control(Instant::now(), &mut write.control_buf, &mut self.wakers);
+                    inner.take_control(Instant::now(), &mut write.control_buf, wakers.list());
                 drop(inner);
-                self.wake_collected();
+                wakers.wake();
                 self.control_waiting = false;
                 usize::MAX
             }
@@ -358,11 +357,8 @@ where
         write.batch_data_done += data as u64;
         self.unflushed = true;
         self.stall_armed = false;
-        let now = Instant::now();
-        self.linger.touch(now);
-        if let Some(keepalive) = &mut self.keepalive {
-            keepalive.last = now;
-        }
+        let (now, tick) = self.clock.now();
+        self.timers.wrote(tick);
         if write.write_buf.len() > QUEUE_KEEP && write.write_buf.is_written(&write.written) {
             write.large_batch_at = Some(now);
         }
@@ -372,11 +368,12 @@ where
             0
         };
         let data_pos = write.batch.data_start + write.batch_data_done;
+        let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
-        inner.written(data_pos, control_pos, n as u64, &mut self.wakers);
+        inner.written(data_pos, control_pos, n as u64, wakers.list());
         self.control_waiting = inner.control_waiting();
         drop(inner);
-        self.wake_collected();
+        wakers.wake();
     }
 
     /// The transport takes nothing of what waits for it: start the write-stall clock, unless
