@@ -59,9 +59,9 @@ async fn a_write_waiting_for_credit_is_counted_and_timed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_write_waiting_for_room_is_counted_and_timed_and_the_queue_shows() {
-    // Nothing reads the far end of the transport: its 4 KiB buffer fills. The driver holds a
-    // first write of 6 KiB that the transport takes only 4 KiB of; a second, of 8 KiB, fills
-    // the send queues (8 KiB), and a third writer waits for room.
+    // Nothing reads the far end of the transport: its 4 KiB buffer fills. The transport takes
+    // only 4 KiB of a first write of 6 KiB (the rest waits for the driver); a second, of
+    // 8 KiB, fills the send queues (8 KiB), and a third writer waits for room.
     let (a, _unread) = tokio::io::duplex(4 * 1024);
     let config = Config::default().write_buffer_size(8 * 1024);
     let client = Session::with_config(a, Role::Client, config);
@@ -86,6 +86,7 @@ async fn a_write_waiting_for_room_is_counted_and_timed_and_the_queue_shows() {
     assert!(stats.room_wait_time >= Duration::from_secs(1), "{stats:?}");
     assert_eq!(stats.credit_waits, 0, "{stats:?}");
     // The greeting, three opens and the two Data frames; the transport took 4 KiB.
+    // (`queued` counts what a direct write left as well as what waits in the queues.)
     assert_eq!(
         stats.queued,
         8 + 3 * 8 + (8 + 6 * 1024) + (8 + 8 * 1024) - 4 * 1024,

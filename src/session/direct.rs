@@ -111,10 +111,13 @@ where
 {
     fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8]) -> Direct {
         // Before the driver's first transport call there is no waker to leave with the
-        // transport: the frame is queued (the driver runs soon anyway).
-        let Some(waker) = self.driver().clone() else {
-            return Direct::NOTHING;
-        };
+        // transport: the write goes on without one. What the transport leaves of it (the
+        // rest of a frame it did not take, a flush) is the driver's then, which is woken for
+        // it as for any output and polls the transport with its own waker.
+        let waker = self
+            .driver()
+            .clone()
+            .unwrap_or_else(|| Waker::noop().clone());
         let Some(mut guard) = self.try_io() else {
             return Direct::NOTHING;
         };

@@ -223,7 +223,7 @@ impl Inner {
             accept_queue: VecDeque::new(),
             accept_waiters: WaitList::new(),
             rare: None,
-            out: Outgoing::new(config.write_buffer_size),
+            out: Outgoing::new(),
             life: Lifecycle::new(),
             peer: Peer::new(),
             driver_waker: None,

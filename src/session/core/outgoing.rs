@@ -27,13 +27,14 @@
 //!   stream's bytes are written once its send queue is gone (emptied, and its last take
 //!   written).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::task::{ready, Poll, Waker};
 
 use tokio::time::Instant;
 
 use super::send::data_header;
-use super::send_queue::SendQueues;
+use super::send_queue::{self, SendQueues};
 use super::slab::Slab;
 use super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
 use super::Inner;
@@ -99,6 +100,17 @@ pub(crate) struct Batch {
     pub(crate) control_end: u64,
 }
 
+/// What the transport did not take of a direct write (see `Outgoing::direct_rest`).
+#[derive(Default)]
+struct DirectRest {
+    /// Waiting for the driver to take it (`Control::DirectRest` in the control queue).
+    bytes: Vec<u8>,
+    /// Taken into the driver's batch, not written yet: its length, and the control-queue
+    /// position once it is written (for `Stats::queued`).
+    taken: usize,
+    taken_end: u64,
+}
+
 pub(super) struct Outgoing {
     /// The streams' send queues.
     queues: SendQueues,
@@ -123,17 +135,15 @@ pub(super) struct Outgoing {
     grant_epoch: u8,
     /// Bytes the transport has taken, for `Stats::bytes_sent`.
     bytes_written: u64,
-    /// The buffer a direct write's control frames are taken into, lent to the writer; its
-    /// capacity is kept, so direct writes allocate nothing in steady state.
-    direct_control: Vec<u8>,
     /// A writer is writing its frame to the transport itself (see `session::direct`): the
     /// driver takes no batch meanwhile, so nothing can come between that frame's bytes.
     direct_busy: bool,
     /// The part of a direct write's frame that the transport did not take: at most one frame,
     /// `max_payload + 8` bytes, outside `write_buffer_size`. The driver writes it before
-    /// anything else (`Control::DirectRest`). Its capacity is kept, so partial direct writes
-    /// allocate nothing in steady state.
-    direct_rest: Vec<u8>,
+    /// anything else (`Control::DirectRest`). Made by the first partial direct write and kept
+    /// (its capacity too) until the session goes quiet, so partial direct writes allocate
+    /// nothing in steady state; boxed, since few sessions have one.
+    direct_rest: Option<Box<DirectRest>>,
     /// A direct write left bytes in the transport that a flush has yet to push out.
     flush_wanted: bool,
     /// Direct writes made (wrapping): the driver counts them as activity, so that a session
@@ -154,9 +164,9 @@ struct Waits {
 }
 
 impl Outgoing {
-    pub(super) fn new(write_buffer_size: usize) -> Outgoing {
+    pub(super) fn new() -> Outgoing {
         Outgoing {
-            queues: SendQueues::new(write_buffer_size),
+            queues: SendQueues::new(),
             close_mux: false,
             data_end: 0,
             data_written: 0,
@@ -168,9 +178,8 @@ impl Outgoing {
             reserved: 0,
             grant_epoch: 0,
             bytes_written: 0,
-            direct_control: Vec::new(),
             direct_busy: false,
-            direct_rest: Vec::new(),
+            direct_rest: None,
             flush_wanted: false,
             direct_writes: 0,
         }
@@ -194,12 +203,20 @@ impl Outgoing {
     }
 
     /// Bytes queued that the transport has not taken yet: the send queues' and the batch's
-    /// being written, and a header for each control frame, for `Stats::queued`.
+    /// being written, a header for each control frame, and what a direct write left, for
+    /// `Stats::queued`.
     pub(super) fn queued_bytes(&self) -> u64 {
         let batch = self.data_end.saturating_sub(self.data_written);
+        // While the rest of a direct write waits, one control entry stands for it.
+        let (waiting, taken) = self
+            .direct_rest
+            .as_ref()
+            .map_or((0, 0), |rest| (rest.bytes.len(), rest.taken));
+        let rest = waiting + taken;
+        let headers = self.control.len().saturating_sub(usize::from(waiting > 0));
         (self.queues.queued as u64)
             .saturating_add(batch)
-            .saturating_add(self.control.len() as u64 * HEADER_LEN as u64)
+            .saturating_add((headers * HEADER_LEN + rest) as u64)
     }
 
     /// Bytes in the send queue `queue` (a stream's `send_queue`), 0 for none.
@@ -246,6 +263,14 @@ fn control_written_to(written: u64, mark: u32) -> bool {
 /// went out long before would wait for 2^31 more). One pass over the streams per 2^30 control
 /// frames.
 const CONTROL_MARK_SWEEP: u32 = 30;
+
+thread_local! {
+    /// Room for the control frames a direct write takes (see [`Inner::admit_write`]), one per
+    /// thread, lent to the writer from its admission to [`Inner::direct_done`], which happen in
+    /// the same poll of the writer's task: sessions hold none, and direct writes allocate
+    /// nothing for it in steady state.
+    static DIRECT_CONTROL: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// Opens go in the control queue only while it holds fewer entries than this (see
 /// [`Inner::queue_open`]): with a transport that takes nothing, at most this many opens pass
@@ -399,6 +424,12 @@ impl Inner {
 
     /// Appends an entry to the control queue; returns the position after it.
     pub(super) fn queue_control(&mut self, control: Control) -> u64 {
+        if self.out.control.capacity() == 0 {
+            // Room for two at first, where the default is four: a session whose control
+            // frames are few (its greeting, an open, an acknowledgement) holds half as much
+            // until it goes quiet (`benches/idle_sessions.rs`); a busy one grows it as usual.
+            self.out.control.reserve_exact(2);
+        }
         self.out.control.push_back(control);
         self.out.control_pushed += 1;
         self.out.control_pushed
@@ -544,7 +575,7 @@ impl Inner {
             Some(now) if n > 0 && self.direct_possible() => {
                 self.out.direct_busy = true;
                 // The control frames queued go first, as in a batch of the driver's.
-                let mut control = std::mem::take(&mut self.out.direct_control);
+                let mut control = DIRECT_CONTROL.try_with(Cell::take).unwrap_or_default();
                 let control_end = self.take_control(now, &mut control, wakers);
                 Some(DirectBatch {
                     control,
@@ -646,18 +677,23 @@ impl Inner {
         let header_bytes = header.to_bytes();
         let parts: [&[u8]; 3] = [&control, &header_bytes, payload];
         let unwritten = if frame_taken { &parts[..] } else { &parts[..1] };
-        let mut skip = written;
-        for part in unwritten {
-            let start = skip.min(part.len());
-            self.out.direct_rest.extend_from_slice(&part[start..]);
-            skip -= start;
+        let total: usize = unwritten.iter().map(|part| part.len()).sum();
+        let rest_len = total.saturating_sub(written);
+        if rest_len > 0 {
+            let rest = self.out.direct_rest.get_or_insert_with(Box::default);
+            let mut skip = written;
+            for part in unwritten {
+                let start = skip.min(part.len());
+                rest.bytes.extend_from_slice(&part[start..]);
+                skip -= start;
+            }
         }
         control.clear();
-        self.out.direct_control = control;
+        let _ = DIRECT_CONTROL.try_with(|room| room.set(control));
         if !frame_taken {
             self.queue_data(key, header, payload);
         }
-        if self.out.direct_rest.is_empty() {
+        if rest_len == 0 {
             return;
         }
         // First in the control queue: nothing but the control frames taken was to be written
@@ -745,8 +781,13 @@ impl Inner {
                     None => continue,
                 },
                 Control::DirectRest => {
-                    control_buf.extend_from_slice(&self.out.direct_rest);
-                    self.out.direct_rest.clear();
+                    let end = self.out.control_pushed - self.out.control.len() as u64;
+                    if let Some(rest) = self.out.direct_rest.as_deref_mut() {
+                        control_buf.extend_from_slice(&rest.bytes);
+                        rest.taken = rest.bytes.len();
+                        rest.taken_end = end;
+                        rest.bytes.clear();
+                    }
                     continue;
                 }
             };
@@ -797,10 +838,20 @@ impl Inner {
         let before = out.control_written;
         out.control_written = out.control_written.max(control);
         out.bytes_written += bytes;
+        if let Some(rest) = out.direct_rest.as_deref_mut() {
+            if out.control_written >= rest.taken_end {
+                rest.taken = 0;
+            }
+        }
         if (before ^ out.control_written) >> CONTROL_MARK_SWEEP != 0 {
             self.forget_written_marks();
         }
-        while let Some((key, id)) = self.out.queues.next_written(self.out.data_written) {
+        let spare_limit = send_queue::spare_limit(self.config.write_buffer_size);
+        while let Some((key, id)) = self
+            .out
+            .queues
+            .next_written(self.out.data_written, spare_limit)
+        {
             if let Some(stream) = self.streams.get_mut(key).filter(|s| s.id == id) {
                 stream.send_queue = NO_QUEUE;
                 stream.wake_writer(WriteWait::Written, wakers);
@@ -1080,10 +1131,12 @@ impl Outgoing {
         if self.control.is_empty() {
             self.control = VecDeque::new();
         }
-        // Empty but for the direct write under way, if any, which has it in hand.
-        self.direct_control = Vec::new();
-        if self.direct_rest.is_empty() {
-            self.direct_rest = Vec::new();
+        if self
+            .direct_rest
+            .as_ref()
+            .is_some_and(|rest| rest.bytes.is_empty() && rest.taken == 0)
+        {
+            self.direct_rest = None;
         }
         if self.waits.as_ref().is_some_and(|w| {
             w.room.is_empty() && w.openers.len() == 0 && w.flush_control.is_empty()

@@ -215,6 +215,11 @@ impl Inner {
         if let Some(stream) = self.streams.get_mut(key) {
             let _ = stream.peer.heard(); // It opened the stream.
         }
+        if self.accept_queue.capacity() == 0 {
+            // Room for one at first (the default is four): most sessions accept streams one
+            // at a time, and an idle one holds less until it goes quiet.
+            self.accept_queue.reserve_exact(1);
+        }
         self.accept_queue.push_back(key);
         self.accept_waiters.wake_all(wakers);
         Ok(())

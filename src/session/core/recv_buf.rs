@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::id_hash::IdMap;
+use super::id_hash::SeqMap;
 
 /// Payloads at least this long are kept as slices of the read buffer; shorter ones are copied,
 /// so that a few small unread frames do not pin many large read buffers between compactions.
@@ -68,7 +68,7 @@ pub(crate) struct Source {
 #[derive(Default)]
 pub(super) struct PinLedger {
     /// Generation → (slices pointing into it, its capacity).
-    buffers: IdMap<u32, (u32, usize)>,
+    buffers: SeqMap<u32, (u32, usize)>,
     /// The capacities of those buffers, added up.
     pinned: usize,
 }

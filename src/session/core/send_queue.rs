@@ -39,7 +39,7 @@ pub(super) const QUANTUM: usize = 32 * 1024;
 /// A frame cut to fit a turn carries at least this much payload (or all of it).
 const MIN_CUT: usize = 1024;
 
-/// Capacity kept in spare queues, in all, at least (see `SendQueues::spare_limit`).
+/// Capacity kept in spare queues, in all, at least (see `spare_limit`).
 const SPARE_BYTES: usize = 256 * 1024;
 
 /// Turns in one batch, at most: bounds the batch's bookkeeping with many small queues.
@@ -293,9 +293,8 @@ pub(super) struct SendQueues {
     /// By priority, highest first.
     levels: Vec<Level>,
     spare: Vec<SendQueue>,
+    /// Their capacity, in all: at most [`spare_limit`].
     spare_bytes: usize,
-    /// Capacity the spares may hold: twice `write_buffer_size`, at least [`SPARE_BYTES`].
-    spare_limit: usize,
     /// Bytes queued in all queues, not taken yet: what the session's `write_buffer_size` bounds.
     pub(super) queued: usize,
     /// Each take of a batch: the data-queue position after it, and its queue.
@@ -308,14 +307,19 @@ pub(super) struct Taken {
     pub(super) frames: u64,
 }
 
+/// The capacity the spares may hold, in all: twice `write_buffer_size`, at least
+/// [`SPARE_BYTES`]. (Computed where used, rather than kept in state every session holds.)
+pub(super) fn spare_limit(write_buffer_size: usize) -> usize {
+    write_buffer_size.saturating_mul(2).max(SPARE_BYTES)
+}
+
 impl SendQueues {
-    pub(super) fn new(write_buffer_size: usize) -> SendQueues {
+    pub(super) fn new() -> SendQueues {
         SendQueues {
             queues: Slab::new(),
             levels: Vec::new(),
             spare: Vec::new(),
             spare_bytes: 0,
-            spare_limit: write_buffer_size.saturating_mul(2).max(SPARE_BYTES),
             queued: 0,
             takes: VecDeque::new(),
         }
@@ -504,7 +508,12 @@ impl SendQueues {
     /// The transport has taken the batches up to data-queue position `written`: returns, one
     /// at a time, the queues left with nothing queued nor in flight, which are freed (their
     /// streams' bytes are all written).
-    pub(super) fn next_written(&mut self, written: u64) -> Option<(usize, u32)> {
+    /// `spare_limit` is [`spare_limit`] of the session's `write_buffer_size`.
+    pub(super) fn next_written(
+        &mut self,
+        written: u64,
+        spare_limit: usize,
+    ) -> Option<(usize, u32)> {
         while let Some(&(end, key)) = self.takes.front() {
             if end > written {
                 return None;
@@ -516,15 +525,16 @@ impl SendQueues {
             queue.in_flight = queue.in_flight.saturating_sub(1);
             if queue.in_flight == 0 && queue.is_empty() && !queue.active {
                 let (stream, id) = (queue.stream, queue.id);
-                self.free(key);
+                self.free(key, spare_limit);
                 return Some((stream, id));
             }
         }
         None
     }
 
-    /// Forgets the queue, keeping its buffer as a spare if there is room for it.
-    pub(super) fn free(&mut self, key: usize) {
+    /// Forgets the queue, keeping its buffer as a spare if the spares' capacity stays within
+    /// `spare_limit`.
+    fn free(&mut self, key: usize, spare_limit: usize) {
         let Some(mut queue) = self.queues.remove(key) else {
             return;
         };
@@ -535,7 +545,7 @@ impl SendQueues {
         }
         self.queued = self.queued.saturating_sub(queue.len());
         queue.reset();
-        if self.spare_bytes + queue.capacity() <= self.spare_limit {
+        if self.spare_bytes + queue.capacity() <= spare_limit {
             self.spare_bytes += queue.capacity();
             self.spare
                 .reserve_exact(usize::from(self.spare.capacity() == 0));
