@@ -71,9 +71,9 @@ impl Role {
 ///   its read buffer (a partial frame keeps only its own bytes), its spares, its outgoing
 ///   queues and its pool of stream buffers; its next frame allocates them again, as a new
 ///   session's first one does (small frames are read on the stack and need none). What it
-///   keeps is its state: 1,884 bytes of heap for a session end with one stream that moved a
+///   keeps is its state: 1,692 bytes of heap for a session end with one stream that moved a
 ///   message (`tests/idle_memory.rs`, `an_idle_session_end_gives_its_buffers_back`; `cargo
-///   test --test idle_memory -- --nocapture` prints it), and 2,422 bytes resident over
+///   test --test idle_memory -- --nocapture` prints it), and 2,030 bytes resident over
 ///   loopback TCP (`cargo bench --bench idle_sessions`).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),

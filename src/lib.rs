@@ -258,10 +258,10 @@
 //! A session that has read and written nothing for a second gives back its read
 //! buffer, its outgoing queues and its pool of stream buffers, and keeps only its state; one
 //! woken by small frames reads them on the stack and allocates no read buffer. An idle
-//! session end with one idle stream costs 2,403 bytes resident (heap in use 2,075), its
-//! socket's registration with tokio and its driver task included, against Go gomux's 26,610
+//! session end with one idle stream costs 2,030 bytes resident (heap in use 1,868), its
+//! socket's registration with tokio and its driver task included, against Go gomux's 26,630
 //! in the same run (`cargo bench --bench idle_sessions`: 10,000 sessions over loopback TCP),
-//! and 1,884 bytes
+//! and 1,692 bytes
 //! of heap on an in-memory pipe (`cargo test --test idle_memory -- --nocapture`). The
 //! resident figure is above the heap's because the allocator cannot give back the pages that
 //! a session's long-lived allocations share with freed ones. See [`Config`], "Memory bounds".

@@ -13,6 +13,8 @@
 //!   flag; the writer wakes it when it lets go.
 //! - A direct write polls the transport with the driver's waker: a transport that is not
 //!   ready wakes the driver once it is, and the driver then writes what was queued meanwhile.
+//!   Before the driver's first transport call there is no such waker yet: the write goes on
+//!   without one, and what the transport leaves of it is the driver's, which is woken for it.
 //!
 //! When a direct write is allowed (nothing queued, no batch in hand) and what happens to the
 //! part of a frame the transport did not take is the core's business: `Inner::admit_write` and

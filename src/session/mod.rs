@@ -189,7 +189,9 @@ impl Session {
     ///   application has not accepted yet, so that a burst of opens never overruns its accept
     ///   backlog. Towards a Go peer, which acknowledges nothing, this never waits; until the
     ///   peer has sent its first frame it waits at most one second from the session's start;
-    /// - the outgoing queue is full (the transport is slower than the writers).
+    /// - the outgoing queue is full (the transport is slower than the writers). While nothing
+    ///   waits in the streams' send queues, an open goes out with the control frames instead
+    ///   (up to 64 of them waiting at once), and needs no room.
     ///
     /// A peer whose application stops accepting keeps `open` waiting; a session that ends
     /// ends the wait with its error. Wrap it in [`tokio::time::timeout`] to bound the wait, or

@@ -387,19 +387,35 @@ mod tests {
     use crate::session::linger::LINGER;
     use crate::{Config, Role, Session};
 
+    /// A client session over a 64 KiB pipe, its driver for the test to poll, and a server
+    /// that reads all of the first stream it accepts and echoes the reads of five bytes.
+    fn client_with_reader() -> (Session, Connection<tokio::io::DuplexStream>) {
+        let (io, peer) = tokio::io::duplex(64 * 1024);
+        let (session, connection) = Session::new(io, Role::Client, Config::default());
+        let peer = Session::server(peer);
+        tokio::spawn(async move {
+            let mut stream = peer.accept().await.expect("accept");
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                let n = stream.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                if n == 5 {
+                    stream.write_all(&buf[..5]).await.expect("echo");
+                }
+            }
+            drop(peer);
+        });
+        (session, connection)
+    }
+
     /// After a burst, the outgoing queues keep their capacity for `QUEUE_LINGER` and give it
     /// back when the driver next runs after that. (Here the timeouts wake the driver as they
     /// expire; an idle session's keepalive does the same.)
     #[tokio::test(start_paused = true)]
     async fn a_quiet_session_gives_back_its_outgoing_buffers() {
-        let (io, peer) = tokio::io::duplex(64 * 1024);
-        let (session, mut connection) = Session::new(io, Role::Client, Config::default());
-        let peer = Session::server(peer);
-        tokio::spawn(async move {
-            let mut stream = peer.accept().await.expect("accept");
-            let mut buf = vec![0; 64 * 1024];
-            while stream.read(&mut buf).await.expect("read") > 0 {}
-        });
+        let (session, mut connection) = client_with_reader();
         let burst = async {
             let mut stream = session.open().await.expect("open");
             stream.write_all(&[7; 4 << 20]).await.expect("write");
@@ -436,31 +452,18 @@ mod tests {
     /// push-back keeps its own until the session goes quiet.
     #[tokio::test(start_paused = true)]
     async fn a_batch_written_whole_goes_back_to_the_thread_and_one_pushed_back_stays() {
+        // Whether the thread has a batch, holding nothing of what was written.
         let thread_has_batch = || {
             super::write::SPARE_BATCH.with(|spare| {
                 let batch = spare.take();
-                let has = batch.is_some();
+                let has = batch
+                    .as_ref()
+                    .is_some_and(|b| b.write_buf.is_empty() && b.control_buf.is_empty());
                 spare.set(batch);
                 has
             })
         };
-        let (io, peer) = tokio::io::duplex(64 * 1024);
-        let (session, mut connection) = Session::new(io, Role::Client, Config::default());
-        let peer = Session::server(peer);
-        tokio::spawn(async move {
-            let mut stream = peer.accept().await.expect("accept");
-            let mut buf = vec![0; 64 * 1024];
-            loop {
-                let n = stream.read(&mut buf).await.expect("read");
-                if n == 0 {
-                    break;
-                }
-                if n == 5 {
-                    stream.write_all(&buf[..5]).await.expect("echo");
-                }
-            }
-            drop(peer);
-        });
+        let (session, mut connection) = client_with_reader();
         let exchange = async {
             let mut stream = session.open().await.expect("open");
             stream.write_all(b"hello").await.expect("write");

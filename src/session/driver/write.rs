@@ -48,7 +48,7 @@ pub(super) fn max_budget(write_buffer_size: usize) -> u32 {
 /// (`benches/idle_sessions.rs`).
 pub(super) struct WriteBatch {
     /// Its control frames, written first…
-    control_buf: Vec<u8>,
+    pub(super) control_buf: Vec<u8>,
     control_done: usize,
     /// …then its data, frames taken from the streams' send queues (see `SendQueues::take`).
     pub(super) write_buf: OutQueue,
@@ -101,8 +101,14 @@ fn borrow_batch() -> Box<WriteBatch> {
     write
 }
 
-/// Hands a written batch to the thread, unless it has one: then it is returned.
-fn lend_back(write: Box<WriteBatch>) -> Option<Box<WriteBatch>> {
+/// Hands a written batch to the thread, unless it has one: then it is returned. Emptied first
+/// (its capacity kept), so that the thread keeps no payload of the session alive.
+fn lend_back(mut write: Box<WriteBatch>) -> Option<Box<WriteBatch>> {
+    write.control_buf.clear();
+    write.control_done = 0;
+    write.write_buf.clear();
+    write.written = Cursor::default();
+    write.boundaries.clear();
     SPARE_BATCH
         .try_with(|spare| match spare.take() {
             None => {
