@@ -619,10 +619,7 @@ fn nothing_overtakes_an_unwritten_open() {
         vec![(id, Kind::OpenStream), (id, Kind::WindowUpdate)]
     );
     // The batch is not written yet: the stream's data and closes come after it.
-    assert!(core
-        .inner
-        .poll_write(key, Waker::noop(), b"data")
-        .is_ready());
+    write(&mut core, key, 4);
     core.inner.close_read(key);
     core.inner.shutdown(key);
     core.inner
@@ -661,10 +658,7 @@ fn an_open_behind_a_full_control_queue_or_unwritten_data_goes_in_its_send_queue(
     );
 
     let (key, first) = core.open();
-    assert!(core
-        .inner
-        .poll_write(key, Waker::noop(), b"data")
-        .is_ready());
+    write(&mut core, key, 4);
     let (_, second) = core.open();
     assert_eq!(core.inner.control_len(), 1, "only the first open");
     assert_eq!(
