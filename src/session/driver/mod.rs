@@ -68,6 +68,9 @@ pub struct Connection<T> {
     write: Option<Box<WriteBatch>>,
     /// Control frames were queued after the batch was taken: they go at the next boundary.
     control_waiting: bool,
+    /// How many times in a row the driver found the queues empty while room it handed out
+    /// stood unclaimed (see [`write::GRANT_PATIENCE`]).
+    grants_unclaimed: u8,
     /// The core's count of direct writes when the driver last looked: writes it did not make
     /// are activity too (see `session::direct`).
     direct_writes: u32,
@@ -91,7 +94,6 @@ pub struct Connection<T> {
     /// The write-stall timer (see `Stall`), armed while the transport takes none of the bytes
     /// waiting for it.
     stall: Option<Box<Stall>>,
-    stall_armed: bool,
     close_deadline: Option<Pin<Box<Sleep>>>,
     /// A write to the transport failed: why, and until when the driver reads on. Boxed, as
     /// the timeouts are left in the configuration, to keep the driver's task small (see
@@ -153,6 +155,7 @@ where
             timers: Timers::new(keepalive, idle),
             write: None,
             control_waiting: false,
+            grants_unclaimed: 0,
             direct_writes: 0,
             unflushed: false,
             budget: FIRST_BUDGET as u32,
@@ -163,7 +166,6 @@ where
             timer_sleep: None,
             peer_known: false,
             stall: None,
-            stall_armed: false,
             close_deadline: None,
             write_failed: None,
             #[cfg(feature = "tracing")]

@@ -303,7 +303,7 @@ where
             }
         }
         if self.poll_stalled(cx) {
-            self.stall_armed = false;
+            self.disarm_stall();
             let error = Error::WriteStalled;
             let deadline = Box::pin(tokio::time::sleep(Duration::ZERO));
             self.write_failed = Some(Box::new((error.clone(), deadline)));
@@ -323,7 +323,7 @@ where
         if self.batch_written() {
             self.write = None;
         }
-        if !self.stall_armed {
+        if !self.stall_armed() {
             self.stall = None;
         }
         self.shared.lock().release_buffers();

@@ -27,6 +27,14 @@ use crate::session::out_queue::{Cursor, OutQueue, MAX_SLICES};
 pub(super) const QUEUE_KEEP: usize = 64 * 1024;
 pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 
+/// How many times in a row the driver finds the queues empty while room it handed out stands
+/// unclaimed before it takes that room back and hands it on (the writers woken for it may have
+/// been cancelled). Not at once: a woken task may run only after the driver has run a few times
+/// more (`block_on`'s future runs after a round of spawned tasks), and a writer whose grant was
+/// taken back goes to the back of the line. With two busy writers beside it, one lost every
+/// grant so, and starved (the model test, `tests/model.proptest-regressions`).
+pub(super) const GRANT_PATIENCE: u8 = 16;
+
 /// A batch holds at least this much data (when there is that much), and at first at most
 /// [`FIRST_BUDGET`]. Its size then follows what the transport takes: twice the last one while
 /// the transport takes whole batches (up to `write_buffer_size`), and what it took before
@@ -127,6 +135,8 @@ fn lend_back(mut write: Box<WriteBatch>) -> Option<Box<WriteBatch>> {
 /// transport's first push-back, so that later ones read the configuration no more, and dropped
 /// with the buffers when the session goes quiet.
 pub(super) struct Stall {
+    /// The clock runs: the transport has taken nothing since it was started.
+    armed: bool,
     timeout: Option<Duration>,
     sleep: Option<Pin<Box<Sleep>>>,
 }
@@ -177,7 +187,6 @@ where
     /// is reported to the core after every transport write. `Ready(Ok)` means everything
     /// queued so far is written and flushed.
     pub(super) fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        let mut took = false;
         loop {
             if self.batch_written() {
                 let mut wakers = Collected::new();
@@ -209,11 +218,13 @@ where
                 }
                 if !inner.has_output() {
                     // Room nobody has claimed: the tasks woken for it may have been cancelled.
-                    // Pass it on (unless it was just handed out), and come back to check again
-                    // until nobody waits, since nothing else may wake this task.
-                    let waiting = if took {
+                    // Pass it on once it has stood unclaimed for a while, and come back to
+                    // check again until nobody waits, since nothing else may wake this task.
+                    let waiting = if self.grants_unclaimed < GRANT_PATIENCE {
+                        self.grants_unclaimed += 1;
                         inner.room_waiting()
                     } else {
+                        self.grants_unclaimed = 0;
                         inner.void_room_grants();
                         inner.wake_room(wakers.list())
                     };
@@ -252,7 +263,8 @@ where
                     wakers.list(),
                 );
                 self.control_waiting = false;
-                took = true;
+                // Taking a batch hands out the room it frees: its grants get their time.
+                self.grants_unclaimed = 0;
                 drop(inner);
                 wakers.wake();
                 continue;
@@ -302,7 +314,7 @@ where
                 }
             }
         }
-        self.stall_armed = false;
+        self.disarm_stall();
         if self.unflushed {
             match Pin::new(&mut self.io).poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.unflushed = false,
@@ -362,7 +374,9 @@ where
         write.write_buf.advance(&mut write.written, data);
         write.batch_data_done += data as u64;
         self.unflushed = true;
-        self.stall_armed = false;
+        if let Some(stall) = self.stall.as_deref_mut() {
+            stall.armed = false;
+        }
         let (now, tick) = self.clock.now();
         self.timers.wrote(tick);
         if write.write_buf.len() > QUEUE_KEEP && write.write_buf.is_written(&write.written) {
@@ -382,20 +396,33 @@ where
         wakers.wake();
     }
 
+    /// Whether the write-stall clock runs.
+    pub(super) fn stall_armed(&self) -> bool {
+        self.stall.as_ref().is_some_and(|stall| stall.armed)
+    }
+
+    /// The transport took bytes (or nothing waits for it): the write-stall clock stops.
+    pub(super) fn disarm_stall(&mut self) {
+        if let Some(stall) = self.stall.as_deref_mut() {
+            stall.armed = false;
+        }
+    }
+
     /// The transport takes nothing of what waits for it: start the write-stall clock, unless
     /// it runs already.
     pub(super) fn arm_stall(&mut self, cx: &mut Context<'_>) {
-        if self.stall_armed {
+        if self.stall_armed() {
             return;
         }
-        self.stall_armed = true;
         let shared = &self.shared;
         let stall = self.stall.get_or_insert_with(|| {
             Box::new(Stall {
+                armed: false,
                 timeout: shared.lock().config.write_stall_timeout,
                 sleep: None,
             })
         });
+        stall.armed = true;
         let Some(timeout) = stall.timeout else {
             return;
         };
@@ -414,7 +441,7 @@ where
 
     /// Whether the transport took nothing for the whole write-stall timeout.
     pub(super) fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
-        self.stall_armed
+        self.stall_armed()
             && self
                 .stall
                 .as_mut()
