@@ -672,11 +672,11 @@ fn an_open_behind_a_full_control_queue_or_unwritten_data_goes_in_its_send_queue(
 }
 
 /// What an idle stream costs is mostly this struct (`examples/many_streams.rs` measures the
-/// whole, about 225 bytes per stream end): a field added here costs every stream.
+/// whole, about 280 bytes per stream end): a field added here costs every stream.
 #[test]
 fn stream_state_stays_small() {
     let size = std::mem::size_of::<super::stream_state::StreamState>();
-    assert!(size <= 144, "StreamState takes {size} bytes");
+    assert!(size <= 168, "StreamState takes {size} bytes");
 }
 
 /// The data queue's bound in the `Config` docs: writers let in together, each with a share of
