@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::{pattern, spawn_echo, within, within_for};
+use common::{assert_same, pattern, spawn_echo, within, within_for};
 use gomux::frame::{Header, Kind, HEADER_LEN};
 use gomux::{Config, Role, Session, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
@@ -253,7 +253,7 @@ async fn sessions_on_one_thread_move_bulk_both_ways_through_small_pipes() {
                     received
                 };
                 let ((), received) = tokio::join!(write, read);
-                assert!(received == theirs, "every byte arrives, in order");
+                assert_same(&received, &theirs, "every byte arrives, in order");
             }));
         }
     }

@@ -303,7 +303,7 @@ where
             }
         }
         if self.poll_stalled(cx) {
-            self.disarm_stall();
+            super::write::Stall::disarm(&mut self.stall);
             let error = Error::WriteStalled;
             let deadline = Box::pin(tokio::time::sleep(Duration::ZERO));
             self.write_failed = Some(Box::new((error.clone(), deadline)));

@@ -141,6 +141,16 @@ pub(super) struct Stall {
     sleep: Option<Pin<Box<Sleep>>>,
 }
 
+impl Stall {
+    /// The transport took bytes (or nothing waits for it): the write-stall clock stops.
+    /// (On the slot, so that a caller holding the batch can call it too.)
+    pub(super) fn disarm(slot: &mut Option<Box<Stall>>) {
+        if let Some(stall) = slot.as_deref_mut() {
+            stall.armed = false;
+        }
+    }
+}
+
 impl WriteBatch {
     fn new() -> WriteBatch {
         WriteBatch {
@@ -314,7 +324,7 @@ where
                 }
             }
         }
-        self.disarm_stall();
+        Stall::disarm(&mut self.stall);
         if self.unflushed {
             match Pin::new(&mut self.io).poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.unflushed = false,
@@ -374,9 +384,7 @@ where
         write.write_buf.advance(&mut write.written, data);
         write.batch_data_done += data as u64;
         self.unflushed = true;
-        if let Some(stall) = self.stall.as_deref_mut() {
-            stall.armed = false;
-        }
+        Stall::disarm(&mut self.stall);
         let (now, tick) = self.clock.now();
         self.timers.wrote(tick);
         if write.write_buf.len() > QUEUE_KEEP && write.write_buf.is_written(&write.written) {
@@ -399,13 +407,6 @@ where
     /// Whether the write-stall clock runs.
     pub(super) fn stall_armed(&self) -> bool {
         self.stall.as_ref().is_some_and(|stall| stall.armed)
-    }
-
-    /// The transport took bytes (or nothing waits for it): the write-stall clock stops.
-    pub(super) fn disarm_stall(&mut self) {
-        if let Some(stall) = self.stall.as_deref_mut() {
-            stall.armed = false;
-        }
     }
 
     /// The transport takes nothing of what waits for it: start the write-stall clock, unless
