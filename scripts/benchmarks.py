@@ -30,9 +30,10 @@ import sys
 TARGET_LIMIT = 0.90
 TARGET_GO = 2.0
 TARGET_YAMUX = 3.0
-TARGET_RTT = 1.10
+TARGET_RTT = 1.05
 TARGET_ECHO = 4.0
 TARGET_REDIS = 1.0
+TARGET_REDIS_GO = 1.5
 TARGET_IDLE = 256
 TARGET_ALLOC = 0.0
 TARGET_IDLE_SESSION = 2048
@@ -202,6 +203,35 @@ def redis_tables(text):
     return tables
 
 
+def redis_go_table(text):
+    """[(command, relays, tunnel, Go tunnel)] of the keep-alive table that sets the tunnel beside
+    a Go gomux tunnel (redis-tunnel.sh --go)."""
+    rows = []
+    current = False
+    for line in text.splitlines():
+        if line.startswith("the Rust tunnel and a Go gomux tunnel, keep-alive"):
+            current = True
+        elif current and line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if len(cells) >= 5 and re.fullmatch(r"[0-9.]+", cells[1]):
+                rows.append((cells[0], float(cells[1]), float(cells[2]), float(cells[3])))
+        elif not line.strip():
+            current = False
+    return rows
+
+
+def redis_plain_summary(runs):
+    """The plain runs' rows: [(command, [(direct, relays, tunnel, Go tunnel)])], one tuple per
+    run that measured the command all four ways, in the order of the first such run."""
+    commands = {}
+    for text in runs:
+        direct = {c: d for c, d, _, _, _ in redis_tables(text).get("-k 1", [])}
+        for command, relay, tunnel, go in redis_go_table(text):
+            if command in direct and direct[command] > 0 and relay > 0 and go > 0:
+                commands.setdefault(command, []).append((direct[command], relay, tunnel, go))
+    return list(commands.items())
+
+
 def redis_summary(runs, mode):
     """The rows of one -k mode over the runs of one K: [(command, [(direct, relay, tunnel)])],
     in the order of the first run that has the command."""
@@ -332,6 +362,18 @@ def main():
             # hides it: the failure is shown beside them.
             redis_results[k] = (runs, failures)
 
+    # The plain tunnel beside a Go gomux tunnel: the output of every run that has one, and why
+    # the others have none.
+    redis_plain_runs, redis_plain_failures = [], []
+    if meta.get("redis") == "true" and "command-redis-plain" in meta:
+        for r in range(1, redis_runs + 1):
+            failed = run.file(f"redis-plain-{r}.failed")
+            if failed:
+                redis_plain_failures.append(f"run {r}: {failed.strip()}")
+            else:
+                redis_plain_runs.append(run.file(f"redis-plain-{r}.txt") or "")
+    redis_plain_rows = redis_plain_summary(redis_plain_runs)
+
     allocs = []  # (case, units, what, calls, per unit, bytes)
     alloc_text = run.file("alloc.txt") or ""
     for line in alloc_text.splitlines():
@@ -414,7 +456,25 @@ def main():
                  TARGET_RTT, at_least=False)
     ratio_target(f"{meta['many-streams']} × 1 KiB echo ≥ {TARGET_ECHO:.0f} × as fast as Go gomux's",
                  "many-go-echo", "many-rust-echo", TARGET_ECHO)
-    redis_name = f"Redis through the tunnel (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays"
+    plain_targets = (
+        (f"Redis through the tunnel in its plain mode (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays",
+         TARGET_REDIS, lambda d, r, t, g: t / r),
+        (f"Redis through the tunnel in its plain mode (1 connection, -k 1) ≥ {TARGET_REDIS_GO:.1f} × a Go gomux tunnel",
+         TARGET_REDIS_GO, lambda d, r, t, g: t / g),
+    )
+    for name, bound, ratio in plain_targets:
+        if redis_plain_failures:
+            targets.append((name, "failed: " + "; ".join(redis_plain_failures), "**failed**"))
+        elif redis_plain_rows:
+            value = geometric_mean([statistics.median([ratio(*v) for v in values])
+                                    for _, values in redis_plain_rows])
+            n = len(redis_plain_runs)
+            target(name, value, bound, True,
+                   f"{r2(value)} (geometric mean over the commands of the median over {n} run{'s' if n > 1 else ''})")
+        else:
+            reason = "not measured (--no-redis)" if meta.get("redis") != "true" else "no figures"
+            targets.append((name, reason, "–"))
+    redis_name = f"Redis through the tunnel with pinned TLS (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays"
     redis_runs_one, redis_failures_one = redis_results.get("1", ([], []))
     redis_rows_one = redis_summary(redis_runs_one, "-k 1")
     if redis_failures_one:
@@ -588,6 +648,37 @@ def main():
             )
             if means:
                 out("Geometric mean over the commands of the median tunnel ÷ relays: " + "; ".join(means) + ".", "")
+
+    # --- Redis, the plain tunnel beside Go gomux's ---------------------------------------------
+    if meta.get("redis") == "true" and "command-redis-plain" in meta:
+        n = len(redis_plain_runs) + len(redis_plain_failures)
+        section(
+            run, "Redis through the plain tunnel beside a Go gomux tunnel",
+            ["`redis-benchmark -k 1` against Redis directly, through the two plain TCP relays, through",
+             "the tunnel tool over plain TCP (`--insecure`, one gomux connection) and through a Go gomux",
+             "tunnel of the same shape (the Go peer's `tunnel entry` and `tunnel exit`: one Go gomux",
+             f"session, every client a stream), all four started side by side; {'one run' if n == 1 else f'{n} runs'}"
+             + (", the order of the four turning from run to run" if n > 1 else "")
+             + ". Requests per second, the median over the runs with the range in brackets; a ratio is"
+             " the median of the ratios within each run:"],
+            ["redis-plain"],
+        )
+        rows = [[failure, "", "", "", "", "", ""] for failure in redis_plain_failures]
+        for command, values in redis_plain_rows:
+            rows.append([command] + [median_range([v[i] for v in values], ".0f") for i in range(4)]
+                        + [ratio_range([t / r for _, r, t, _ in values]),
+                           ratio_range([t / g for _, _, t, g in values])])
+        out(
+            table(["command", "direct", "relays", "tunnel", "Go gomux tunnel", "tunnel ÷ relays",
+                   "tunnel ÷ Go gomux tunnel"],
+                  rows, ["---", "--:", "--:", "--:", "--:", "--:", "--:"]),
+            "",
+        )
+        if redis_plain_rows:
+            means = [geometric_mean([statistics.median([ratio(*v) for v in values])
+                                     for _, values in redis_plain_rows]) for _, _, ratio in plain_targets]
+            out(f"Geometric mean over the commands of the median tunnel ÷ relays: {r2(means[0])};"
+                f" tunnel ÷ Go gomux tunnel: {r2(means[1])}.", "")
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)

@@ -22,7 +22,9 @@
 # each round used is recorded and shown in the document. After the rounds: Redis through the
 # tunnel tool with 1, 2 and 4 gomux connections (scripts/redis-tunnel.sh), three runs of each
 # (one with --quick) with the order of direct, relays and tunnel turning from run to run, so that
-# each comes first in one run and last in another; then, once each: Redis with pinned TLS against
+# each comes first in one run and last in another; as many runs of the tunnel in its plain mode
+# (--insecure, one gomux connection) beside a Go gomux tunnel, the order of the four turning
+# likewise; then, once each: Redis with pinned TLS against
 # plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the 1000-stream
 # transfer, the allocation counts of tests/alloc.rs, latency under load over an emulated link
 # (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the same session,
@@ -415,6 +417,26 @@ redis_run() {
     fi
 }
 
+# Redis through the tunnel in its plain mode (--insecure, one gomux connection) beside a Go
+# gomux tunnel, run R (from 1), in the order plain_orders gives it (each run starts one place
+# later than the one before): redis-tunnel.sh's whole output in redis-plain-R.txt, or why there
+# is none in redis-plain-R.failed.
+plain_orders=(direct,relay,tunnel,go relay,tunnel,go,direct tunnel,go,direct,relay go,direct,relay,tunnel)
+redis_plain_run() {
+    local r=$1
+    local command=(scripts/redis-tunnel.sh --requests "$redis_requests" --clients "$redis_clients"
+        --tests "$redis_tests" --insecure --go --order "${plain_orders[$(((r - 1) % 4))]}")
+    echo "Redis through the plain tunnel and a Go gomux tunnel, run $r ($(date -u +%H:%M:%S))" >&2
+    local out=$work/redis-plain-$r
+    if ! "${command[@]}" >"$out.txt" 2>"$out.err"; then
+        {
+            echo "failed: ${command[*]}"
+            tr '\r' '\n' <"$out.err" | grep -v '^ *$' | tail -5
+        } >"$out.failed"
+        cat "$out.failed" >&2
+    fi
+}
+
 # perf record of one transfer, and three reports of it: the share of each object (perf-NAME.dso),
 # the symbols that took the most samples themselves (perf-NAME.all) and those of the program
 # itself (perf-NAME.own), each "percent object-or-symbol" lines; or why there is no profile,
@@ -509,6 +531,11 @@ if $redis; then
         for k in $redis_connections; do
             redis_run "$k" "$r"
         done
+    done
+    plain_orders_used=$(printf ' | %s' "${plain_orders[@]:0:$((redis_runs < 4 ? redis_runs : 4))}")
+    meta command-redis-plain "scripts/redis-tunnel.sh --requests $redis_requests --clients $redis_clients --tests $redis_tests --insecure --go --order ${plain_orders_used:3}"
+    for ((r = 1; r <= redis_runs; r++)); do
+        redis_plain_run "$r"
     done
     # The tunnel with pinned TLS between its ends against the plain tunnel and two relays:
     # Redis (-k 1, 50 clients) and a bulk transfer, in one run of the script (security.txt).

@@ -21,8 +21,9 @@
 #   --clients N      parallel connections (redis-benchmark -c), default 50
 #   --connections K  gomux connections from the tunnel's entry to its exit, default 1
 #   --tests LIST     only these commands (redis-benchmark -t), e.g. set,get
-#   --order LIST     the order in which direct, relay and tunnel are measured, default
-#                    direct,relay,tunnel (scripts/benchmarks.sh turns it from run to run)
+#   --order LIST     the order in which direct, relay and tunnel (and go, with --go) are
+#                    measured, default direct,relay,tunnel (with --go and no go in the list,
+#                    go comes last; scripts/benchmarks.sh turns the order from run to run)
 #   --go             also through a Go gomux tunnel (needs Go and ../shared/gomux-go)
 #   --insecure       the tunnel's ends over plain TCP instead of pinned TLS
 #
@@ -77,9 +78,17 @@ while (($#)); do
     esac
     shift
 done
-# Each of the three once, in any order: compare() needs all three.
-if [ "$(tr ',' '\n' <<<"$order" | sort | tr '\n' ' ')" != "direct relay tunnel " ]; then
-    echo "error: --order lists direct, relay and tunnel once each, not $order" >&2
+# Each of the three once, in any order: compare() needs all three. With --go, the Go tunnel
+# is measured among them where the list puts it, or last.
+if $go_tunnel && ! grep -qw go <<<"${order//,/ }"; then
+    order=$order,go
+fi
+expected="direct relay tunnel "
+if $go_tunnel; then
+    expected="direct go relay tunnel "
+fi
+if [ "$(tr ',' '\n' <<<"$order" | sort | tr '\n' ' ')" != "$expected" ]; then
+    echo "error: --order lists ${expected% } once each (go only with --go), not $order" >&2
     exit 2
 fi
 
@@ -251,13 +260,10 @@ for keepalive in 1 0; do
         direct) bench "direct-k$keepalive" "$redis_port" "$keepalive" ;;
         relay) bench "relay-k$keepalive" "$relay_near_port" "$keepalive" ;;
         tunnel) bench "tunnel-k$keepalive" "$entry_port" "$keepalive" ;;
+        go) bench "go-k$keepalive" "$go_entry_port" "$keepalive" ;;
         esac
     done
 done
-if $go_tunnel; then
-    bench go-k1 "$go_entry_port" 1
-    bench go-k0 "$go_entry_port" 0
-fi
 
 echo
 echo "==> results: -n $requests -c $clients${tests:+ -t $tests}, requests per second"
