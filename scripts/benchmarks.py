@@ -462,12 +462,16 @@ def main():
         (f"Redis through the tunnel in its plain mode (1 connection, -k 1) ≥ {TARGET_REDIS_GO:.1f} × a Go gomux tunnel",
          TARGET_REDIS_GO, lambda d, r, t, g: t / g),
     )
-    for name, bound, ratio in plain_targets:
+    # Per target, the geometric mean over the commands of the median ratio over the runs.
+    plain_means = [
+        geometric_mean([statistics.median([ratio(*v) for v in values]) for _, values in redis_plain_rows])
+        if redis_plain_rows else None
+        for _, _, ratio in plain_targets
+    ]
+    for (name, bound, _), value in zip(plain_targets, plain_means):
         if redis_plain_failures:
             targets.append((name, "failed: " + "; ".join(redis_plain_failures), "**failed**"))
-        elif redis_plain_rows:
-            value = geometric_mean([statistics.median([ratio(*v) for v in values])
-                                    for _, values in redis_plain_rows])
+        elif value is not None:
             n = len(redis_plain_runs)
             target(name, value, bound, True,
                    f"{r2(value)} (geometric mean over the commands of the median over {n} run{'s' if n > 1 else ''})")
@@ -666,8 +670,7 @@ def main():
         rows = [[failure, "", "", "", "", "", ""] for failure in redis_plain_failures]
         for command, values in redis_plain_rows:
             rows.append([command] + [median_range([v[i] for v in values], ".0f") for i in range(4)]
-                        + [ratio_range([t / r for _, r, t, _ in values]),
-                           ratio_range([t / g for _, _, t, g in values])])
+                        + [ratio_range([ratio(*v) for v in values]) for _, _, ratio in plain_targets])
         out(
             table(["command", "direct", "relays", "tunnel", "Go gomux tunnel", "tunnel ÷ relays",
                    "tunnel ÷ Go gomux tunnel"],
@@ -675,10 +678,8 @@ def main():
             "",
         )
         if redis_plain_rows:
-            means = [geometric_mean([statistics.median([ratio(*v) for v in values])
-                                     for _, values in redis_plain_rows]) for _, _, ratio in plain_targets]
-            out(f"Geometric mean over the commands of the median tunnel ÷ relays: {r2(means[0])};"
-                f" tunnel ÷ Go gomux tunnel: {r2(means[1])}.", "")
+            out(f"Geometric mean over the commands of the median tunnel ÷ relays: {r2(plain_means[0])};"
+                f" tunnel ÷ Go gomux tunnel: {r2(plain_means[1])}.", "")
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)
