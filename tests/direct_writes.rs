@@ -14,6 +14,8 @@
 //!   and shut down first when the session closes gracefully.
 //!   (These were found by mutation testing, `scripts/mutants.sh --part core`.)
 //! - A driver that found the transport taken by a writer is woken when the writer lets go.
+//! - A burst of small messages on many streams goes out in a few transport calls, not one per
+//!   message.
 //!
 //! Both ends closing while busy over TCP, with direct writes in flight, is in
 //! `tests/core_findings_b.rs` (`closing_a_busy_session_*`) and `tests/close_paths.rs`.
@@ -186,6 +188,62 @@ async fn a_message_on_an_idle_session_is_written_from_the_writers_task() {
         from_writer >= 10 * 12,
         "every message was written by its writer, not the driver: {calls:?}"
     );
+}
+
+/// Many streams that each write a small message at once (a server answering many clients;
+/// the echoes of `examples/many_streams.rs`): the first writer writes its frame itself, the
+/// others queue theirs, and the driver, which lets them all run before it takes its batch,
+/// writes them together. Before, every frame was a transport call of its own (on TCP a system
+/// call each): 64 here. Every message arrives on its own stream.
+#[tokio::test]
+async fn a_burst_of_small_messages_on_many_streams_takes_few_transport_calls() {
+    const STREAMS: usize = 64;
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let calls = Calls::default();
+    let client = Session::client(shaped(
+        a,
+        Recording {
+            calls: Arc::clone(&calls),
+        },
+    ));
+    let server = Session::server(b);
+    let mut outbound = Vec::new();
+    let mut inbound = Vec::new();
+    for _ in 0..STREAMS {
+        outbound.push(client.open().await.expect("open"));
+        inbound.push(within("accept", server.accept()).await.expect("accept"));
+    }
+    calls.lock().expect("calls").clear();
+    let writers: Vec<_> = outbound
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut stream)| {
+            tokio::spawn(async move {
+                stream.write_all(&[i as u8; 100]).await.expect("write");
+                stream
+            })
+        })
+        .collect();
+    let mut written = Vec::new();
+    for writer in writers {
+        written.push(within("the writers", writer).await.expect("a writer"));
+    }
+    for (i, stream) in inbound.iter_mut().enumerate() {
+        let mut message = [0; 100];
+        within("read", stream.read_exact(&mut message))
+            .await
+            .expect("read");
+        assert!(message == [i as u8; 100], "stream {i} got its own message");
+    }
+    let calls = calls.lock().expect("calls").clone();
+    // The first writer's frame (its header and payload, this transport taking one part a
+    // call), then the batch of the 63 others.
+    assert!(
+        calls.len() <= 4,
+        "{STREAMS} messages took {} transport calls: {calls:?}",
+        calls.len()
+    );
+    drop(written);
 }
 
 /// A writer may write before its session's driver has made its first transport call, with no

@@ -380,6 +380,7 @@ impl Inner {
     pub(crate) fn set_driver_waker(&mut self, waker: &Waker, writing: bool) {
         stream_state::register(&mut self.driver_waker, waker);
         self.driver_writing = writing;
+        self.driver_ran();
     }
 
     /// Gives back the buffers kept for reuse, and the capacity of the queues that are empty:

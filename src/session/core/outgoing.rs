@@ -58,6 +58,10 @@ pub(super) enum Control {
     DirectRest,
 }
 
+/// The driver yields to the writers before taking a batch only while less data than this is
+/// queued (see [`Inner::yield_to_writers`]).
+pub(super) const COALESCE_BELOW: usize = 16 * 1024;
+
 /// A write admitted by [`Inner::admit_write`]: its frame's header, its payload's length, and,
 /// when the writer writes it to the transport itself, what goes before it.
 #[derive(Debug)]
@@ -149,6 +153,12 @@ pub(super) struct Outgoing {
     /// Direct writes made (wrapping): the driver counts them as activity, so that a session
     /// whose writers write directly keeps its buffers as one whose driver writes does.
     direct_writes: u32,
+    /// The driver yielded to the writers before taking its next batch: they queue their
+    /// frames into it instead of writing them themselves (see `Inner::yield_to_writers`).
+    coalescing: bool,
+    /// A writer wrote its frame itself since the driver last ran: the next writer queues its
+    /// frame and wakes the driver instead (see `direct_possible`).
+    direct_unseen: bool,
 }
 
 /// The tasks waiting on the outgoing side: writers and openers for room in the send queues,
@@ -182,6 +192,8 @@ impl Outgoing {
             direct_rest: None,
             flush_wanted: false,
             direct_writes: 0,
+            coalescing: false,
+            direct_unseen: false,
         }
     }
 
@@ -543,6 +555,38 @@ impl Inner {
         self.out.direct_writes
     }
 
+    /// Whether the driver, about to take a batch, should first let the tasks ready to run go
+    /// ahead of it (once: true marks the yield, and the next call says no): the writers among
+    /// them then queue their frames into that batch instead of each writing its own with a
+    /// transport call (see `direct_possible`). Many streams writing small frames at once
+    /// (8192 echoes, `examples/many_streams.rs`) then cost a few transport calls instead of
+    /// one each. Only while less than [`COALESCE_BELOW`] is queued: larger batches gain
+    /// nothing, and bulk writers get their fair shares of the room a batch frees only if the
+    /// driver takes it as soon as it can (`tests/core_findings_b.rs`, eight tuned streams).
+    pub(crate) fn yield_to_writers(&mut self) -> bool {
+        let out = &mut self.out;
+        if out.coalescing || out.queues.queued >= COALESCE_BELOW {
+            return false;
+        }
+        out.coalescing = true;
+        true
+    }
+
+    /// The driver yielded to the writers and has not taken its batch yet.
+    pub(crate) fn yielded_to_writers(&self) -> bool {
+        self.out.coalescing
+    }
+
+    /// The driver found nothing to take.
+    pub(crate) fn nothing_to_take(&mut self) {
+        self.out.coalescing = false;
+    }
+
+    /// The driver has run since the last direct write.
+    pub(crate) fn driver_ran(&mut self) {
+        self.out.direct_unseen = false;
+    }
+
     /// Whether a writer is writing its frame to the transport itself.
     pub(crate) fn direct_busy(&self) -> bool {
         self.out.direct_busy
@@ -572,7 +616,7 @@ impl Inner {
     ) -> Poll<Result<Admitted, Error>> {
         let (id, n) = ready!(self.grant_write(key, waker, len))?;
         let direct = match direct {
-            Some(now) if n > 0 && self.direct_possible() => {
+            Some(now) if n > 0 && self.direct_possible(id, n) => {
                 self.out.direct_busy = true;
                 // The control frames queued go first, as in a batch of the driver's.
                 let mut control = DIRECT_CONTROL.try_with(Cell::take).unwrap_or_default();
@@ -626,18 +670,43 @@ impl Inner {
         Poll::Ready(Ok((admitted, payload)))
     }
 
-    /// Whether a frame written now would go first: nothing but control frames is queued, and
-    /// the driver has no batch in hand.
-    fn direct_possible(&self) -> bool {
+    /// Whether a frame of `len` bytes of payload on stream `id` may be written by its writer
+    /// now. It would go first: nothing but control frames is queued, and the driver has no
+    /// batch in hand. And a small frame (under [`COALESCE_BELOW`]) goes alone, as one message
+    /// of a quiet session; not in a burst, which is the driver's to write in one batch
+    /// instead of one transport call per frame:
+    /// - not while frames of other streams wait in the control queue (the driver was woken
+    ///   for them);
+    /// - not a second time before the driver has run since the last direct write;
+    /// - not while the driver lets the writers run before it takes its batch
+    ///   ([`Inner::yield_to_writers`]).
+    ///
+    /// A large frame gains nothing from a batch, and goes whenever it would go first.
+    fn direct_possible(&self, id: u32, len: usize) -> bool {
         let out = &self.out;
         let control_taken = out.control_pushed - out.control.len() as u64;
-        !out.direct_busy
+        let first = !out.direct_busy
             && !out.close_mux
             && out.queues.all_written()
             && !out.queues.has_output()
             && out.data_written >= out.data_end
             && out.control_written >= control_taken
-            && self.life.end_reason().is_none()
+            && self.life.end_reason().is_none();
+        first
+            && (len >= COALESCE_BELOW
+                || !out.coalescing && !out.direct_unseen && !self.others_waiting(id))
+    }
+
+    /// Whether frames of streams other than `id` wait in the control queue (a keepalive or a
+    /// CloseMux is no stream's).
+    fn others_waiting(&self, id: u32) -> bool {
+        self.out.control.iter().any(|control| match control {
+            Control::Credit { id: other, .. } => *other != id,
+            Control::Frame(header) => {
+                !matches!(header.kind, Kind::Keepalive | Kind::CloseMux) && header.id != id
+            }
+            Control::DirectRest => true,
+        })
     }
 
     /// A direct write admitted by [`Inner::admit_write`] is done: the transport took
@@ -671,6 +740,7 @@ impl Inner {
         if frame_taken {
             self.stats.frames_sent += 1;
             self.out.direct_writes = self.out.direct_writes.wrapping_add(1);
+            self.out.direct_unseen = true;
         }
         // What the transport did not take: of the control frames, and of the frame once the
         // transport took some of the whole (a frame it took nothing of is queued instead).
@@ -726,6 +796,8 @@ impl Inner {
         boundaries: &mut VecDeque<u64>,
         wakers: &mut Vec<Waker>,
     ) -> Batch {
+        self.out.coalescing = false;
+        self.out.direct_unseen = false;
         let control_end = self.take_control(now, control_buf, wakers);
         let data_start = self.out.data_end;
         let mut last = data_start;

@@ -957,3 +957,90 @@ fn a_close_written_long_ago_stays_written() {
         "the close written 2^31 control frames ago is still written"
     );
 }
+
+/// A write of 4 bytes on `key` as a spawned session's writer makes it: written by the writer
+/// itself when the core lets it (the transport then takes the whole of it), otherwise queued.
+/// Returns whether the writer wrote it.
+fn written_directly(core: &mut Core, key: usize) -> bool {
+    let payload = [9u8; 4];
+    let mut wakers = Vec::new();
+    let Poll::Ready(Ok(admitted)) =
+        core.inner
+            .poll_write_admit(key, Waker::noop(), &payload, Some(core.now), &mut wakers)
+    else {
+        panic!("the write was not admitted");
+    };
+    assert_eq!(admitted.n, payload.len());
+    let Some(batch) = admitted.direct else {
+        return false;
+    };
+    let outcome = crate::session::direct::Direct {
+        written: batch.control.len() + HEADER_LEN + payload.len(),
+        unflushed: false,
+    };
+    core.inner
+        .direct_done(key, admitted.header, &payload, batch, outcome, &mut wakers);
+    true
+}
+
+/// A writer writes its frame itself only when it goes alone, as one message of a quiet
+/// session. Not while another stream's frames wait in the control queue (the driver was woken
+/// for them, and writes the frame with them); not a second time before the driver has run
+/// since the first (a burst of writers is the driver's to batch); not while the driver lets
+/// the writers run before it takes its batch. Each time the frame is queued instead, and goes
+/// in the driver's next batch.
+#[test]
+fn a_direct_write_goes_alone_and_a_burst_is_left_to_the_driver() {
+    let (mut core, streams) = streams_with_credit(2);
+    let ((a, a_id), (b, b_id)) = (streams[0], streams[1]);
+    core.sent();
+    let data_of = |headers: Vec<Header>| -> Vec<u32> {
+        headers
+            .iter()
+            .filter(|h| h.kind == Kind::Data)
+            .map(|h| h.id)
+            .collect()
+    };
+
+    assert!(written_directly(&mut core, a), "a quiet session");
+    assert!(
+        !written_directly(&mut core, b),
+        "a second writer before the driver ran"
+    );
+    assert_eq!(data_of(core.sent()), vec![b_id]);
+    core.inner.set_driver_waker(Waker::noop(), false);
+    assert!(written_directly(&mut core, a), "the driver has run since");
+
+    core.inner.set_driver_waker(Waker::noop(), false);
+    core.inner.shutdown(b);
+    assert!(
+        !written_directly(&mut core, a),
+        "another stream's close waits in the control queue"
+    );
+    assert_eq!(
+        kinds(&core.sent()),
+        vec![(b_id, Kind::CloseRead), (a_id, Kind::Data)]
+    );
+
+    // The driver yields once, while little is queued; the writers that run meanwhile queue.
+    core.inner.set_driver_waker(Waker::noop(), false);
+    write(&mut core, a, 100);
+    assert!(
+        core.inner.yield_to_writers(),
+        "a small batch waits for the writers"
+    );
+    assert!(core.inner.yielded_to_writers());
+    assert!(
+        !written_directly(&mut core, a),
+        "the driver yielded to the writers"
+    );
+    assert!(!core.inner.yield_to_writers(), "once");
+    assert_eq!(data_of(core.sent()), vec![a_id, a_id]);
+    assert!(!core.inner.yielded_to_writers(), "the batch was taken");
+    write(&mut core, a, super::outgoing::COALESCE_BELOW);
+    assert!(
+        !core.inner.yield_to_writers(),
+        "a batch of {} bytes or more is taken at once",
+        super::outgoing::COALESCE_BELOW
+    );
+}

@@ -335,8 +335,10 @@ where
             // driver runs, so a session ended meanwhile (`Session::close` from another thread)
             // must be seen here, or its CloseMux waits for the next keepalive, or for ever.
             let mut inner = this.shared.lock();
+            // (A driver that yielded to the writers was woken by itself, and takes its batch
+            // on the next poll.)
             let can_take = this.write_failed.is_none() && this.batch_written();
-            if can_take && inner.has_output()
+            if can_take && inner.has_output() && !inner.yielded_to_writers()
                 || inner.end_reason().is_some()
                 || inner.drained()
                 || this.read_paused && !inner.control_over_limit()

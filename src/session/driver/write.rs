@@ -227,6 +227,8 @@ where
                     return Poll::Pending;
                 }
                 if !inner.has_output() {
+                    // (A flush is all a yield may have been for.)
+                    inner.nothing_to_take();
                     // Room nobody has claimed: the tasks woken for it may have been cancelled.
                     // Pass it on once it has stood unclaimed for a while, and come back to
                     // check again until nobody waits, since nothing else may wake this task.
@@ -250,6 +252,16 @@ where
                     wakers.wake();
                     self.lend_batch_back();
                     break;
+                }
+                if inner.yield_to_writers() {
+                    // A small batch: the tasks ready to run go first (a self-wake puts this
+                    // task behind them), and the frames their writers queue meanwhile go in
+                    // the batch taken on the next poll, which the check before sleeping in
+                    // `poll_phases` leaves to that poll.
+                    drop(inner);
+                    wakers.wake();
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
                 let max_budget = max_budget(inner.config.write_buffer_size);
                 let write = self.write.get_or_insert_with(borrow_batch);
