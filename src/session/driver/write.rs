@@ -227,7 +227,8 @@ where
                     return Poll::Pending;
                 }
                 if !inner.has_output() {
-                    // (A flush is all a yield may have been for.)
+                    // (A yield is only made with output queued, which only a batch takes:
+                    // this is a reset for safety, not a path a yield leads to.)
                     inner.nothing_to_take();
                     // Room nobody has claimed: the tasks woken for it may have been cancelled.
                     // Pass it on once it has stood unclaimed for a while, and come back to
