@@ -208,11 +208,18 @@ impl Tuner {
     }
 
     /// The application read, leaving the buffer `low` (at most a quarter of the window) or not.
-    /// True when that completes the rule: the window should grow.
-    pub(crate) fn on_read(&mut self, low: bool, rtt: Option<u64>, now: u64) -> bool {
+    /// True when that completes the rule: the window should grow. `now` is asked for only
+    /// while the rule is under way (most reads are not: see `session::now`).
+    pub(crate) fn on_read(
+        &mut self,
+        low: bool,
+        rtt: Option<u64>,
+        now: impl FnOnce() -> u64,
+    ) -> bool {
         if self.epoch_received != LIMITED {
             return false;
         }
+        let now = now();
         let in_time = rtt.is_some_and(|rtt| now.saturating_sub(self.epoch_at) < rtt);
         if !in_time || low {
             self.epoch_at = 0;
@@ -356,18 +363,18 @@ mod tests {
         let rtt = Some(20);
         // Half the window in 15 µs, round trip 20 µs, and the reader drains it at once.
         tuner.on_data(16_384, 0, target, rtt, 1);
-        assert!(!tuner.on_read(true, rtt, 2), "not half a window yet");
+        assert!(!tuner.on_read(true, rtt, || 2), "not half a window yet");
         tuner.on_data(16_384, 0, target, rtt, 16);
-        assert!(tuner.on_read(true, rtt, 17));
-        assert!(!tuner.on_read(true, rtt, 18), "once per burst");
+        assert!(tuner.on_read(true, rtt, || 17));
+        assert!(!tuner.on_read(true, rtt, || 18), "once per burst");
         // Half the window in 30 µs: the link or the sender limits, not the window.
         tuner.on_data(16_384, 0, target, rtt, 100);
         tuner.on_data(16_384, 0, target, rtt, 130);
-        assert!(!tuner.on_read(true, rtt, 131));
+        assert!(!tuner.on_read(true, rtt, || 131));
         // No round trip measured yet: never.
         let mut unmeasured = Tuner::default();
         unmeasured.on_data(65_536, 0, target, None, 1);
-        assert!(!unmeasured.on_read(true, None, 2));
+        assert!(!unmeasured.on_read(true, None, || 2));
     }
 
     #[test]
@@ -378,10 +385,10 @@ mod tests {
         // A Go sender's whole window in one frame, into an empty buffer...
         tuner.on_data(65_536, 0, target, rtt, 100);
         // ...read a little at a time: the buffer is not low within the round trip.
-        assert!(!tuner.on_read(false, rtt, 110));
-        assert!(!tuner.on_read(false, rtt, 119));
-        assert!(!tuner.on_read(true, rtt, 125), "drained, but too late");
-        assert!(!tuner.on_read(true, rtt, 126));
+        assert!(!tuner.on_read(false, rtt, || 110));
+        assert!(!tuner.on_read(false, rtt, || 119));
+        assert!(!tuner.on_read(true, rtt, || 125), "drained, but too late");
+        assert!(!tuner.on_read(true, rtt, || 126));
     }
 
     #[test]
@@ -392,9 +399,12 @@ mod tests {
         // Half the window in one frame into an empty buffer...
         tuner.on_data(target / 2, 0, target, rtt, 100);
         // ...read in part, then the rest, both within the round trip.
-        assert!(!tuner.on_read(false, rtt, 105), "part of the burst is read");
         assert!(
-            tuner.on_read(true, rtt, 110),
+            !tuner.on_read(false, rtt, || 105),
+            "part of the burst is read"
+        );
+        assert!(
+            tuner.on_read(true, rtt, || 110),
             "the rest, within the round trip"
         );
     }
@@ -407,7 +417,7 @@ mod tests {
             let mut tuner = Tuner::default();
             tuner.on_data(target / 2, buffered, target, rtt, 100);
             assert_eq!(
-                tuner.on_read(true, rtt, 101),
+                tuner.on_read(true, rtt, || 101),
                 grows,
                 "{buffered} bytes buffered when the burst arrived"
             );
@@ -447,7 +457,7 @@ mod tests {
         let rtt = Some(20);
         tuner.on_data(target / 4, 0, target, rtt, 100);
         tuner.on_data(target / 4, 0, target, rtt, 120);
-        assert!(!tuner.on_read(true, rtt, 121));
+        assert!(!tuner.on_read(true, rtt, || 121));
     }
 
     #[test]
@@ -456,7 +466,7 @@ mod tests {
         let target = INITIAL_WINDOW;
         let rtt = Some(20);
         tuner.on_data(target / 2, 0, target, rtt, 100);
-        assert!(!tuner.on_read(true, rtt, 120));
+        assert!(!tuner.on_read(true, rtt, || 120));
     }
 
     #[test]
@@ -468,7 +478,7 @@ mod tests {
         tuner.on_data(target / 2, 0, target, rtt, 100);
         tuner.on_data(1000, 0, target, rtt, 110);
         assert!(
-            tuner.on_read(true, rtt, 115),
+            tuner.on_read(true, rtt, || 115),
             "the burst of 100 still counts"
         );
         // ...and data a whole round trip later starts a new measurement: a new burst counts
@@ -476,7 +486,7 @@ mod tests {
         let mut tuner = Tuner::default();
         tuner.on_data(target / 2, 0, target, rtt, 100);
         tuner.on_data(target / 2, 0, target, rtt, 120);
-        assert!(tuner.on_read(true, rtt, 125), "the burst of 120 counts");
+        assert!(tuner.on_read(true, rtt, || 125), "the burst of 120 counts");
     }
 
     #[test]

@@ -59,7 +59,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::Error;
-use crate::session::core::{Admitted, Inner, Shared};
+use crate::session::core::{Admitted, Inner, Now, Shared};
 use crate::session::direct::DirectWrite;
 
 /// One multiplexed stream: `AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static`.
@@ -116,8 +116,8 @@ impl Handle {
     }
 
     fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let now = tokio::time::Instant::now();
-        self.with_driver(|inner, key| inner.poll_read(key, cx.waker(), now, buf))
+        let now = Now::later();
+        self.with_driver(|inner, key| inner.poll_read(key, cx.waker(), &now, buf))
             .map_err(io::Error::from)
     }
 
@@ -125,8 +125,9 @@ impl Handle {
     /// written before it (see `session::direct`).
     fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let direct = self.shared.direct();
-        let now = direct.map(|_| tokio::time::Instant::now());
+        let now = Now::later();
         let admitted = ready!(self.shared.with_driver(|inner, wakers| {
+            let now = direct.map(|_| &now);
             inner.poll_write_admit(self.key, cx.waker(), data, now, wakers)
         }))?;
         let n = admitted.n;
@@ -149,8 +150,8 @@ impl Handle {
 
     async fn read_chunk(&self, max: usize) -> Result<Option<Bytes>, Error> {
         poll_fn(|cx| {
-            let now = tokio::time::Instant::now();
-            self.with_driver(|inner, key| inner.poll_read_chunk(key, cx.waker(), now, max))
+            let now = Now::later();
+            self.with_driver(|inner, key| inner.poll_read_chunk(key, cx.waker(), &now, max))
         })
         .await
     }
@@ -160,8 +161,9 @@ impl Handle {
             while !chunk.is_empty() {
                 let direct = self.shared.direct();
                 let (admitted, payload) = poll_fn(|cx| {
-                    let now = direct.map(|_| tokio::time::Instant::now());
+                    let now = Now::later();
                     self.shared.with_driver(|inner, wakers| {
+                        let now = direct.map(|_| &now);
                         inner.poll_write_chunk_admit(self.key, cx.waker(), chunk, now, wakers)
                     })
                 })

@@ -29,6 +29,10 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// The most bytes (control frames, header and payload) a direct write copies into one piece
+/// and hands to the transport in one plain write: a message of 2 KiB or less with its header.
+const SMALL_FRAME: usize = 2048 + crate::frame::HEADER_LEN;
+
 /// What a direct write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Direct {
@@ -134,7 +138,21 @@ where
         let parts = [control, header, payload];
         let total = parts.iter().map(|part| part.len()).sum();
         let mut written = 0;
-        if self.vectored {
+        if total <= SMALL_FRAME {
+            // One contiguous write: a vectored one costs the kernel more than the copy here
+            // (a 64-byte round trip over TCP, BENCHMARK-HISTORY.md, "Small direct writes in
+            // one piece"), and a transport without vectored writes (TLS) makes one record of
+            // the frame instead of one per part.
+            let mut small = [0; SMALL_FRAME];
+            let mut end = 0;
+            for part in parts {
+                small[end..end + part.len()].copy_from_slice(part);
+                end += part.len();
+            }
+            if let Poll::Ready(Ok(n)) = io.as_mut().poll_write(&mut cx, &small[..total]) {
+                written = n;
+            }
+        } else if self.vectored {
             let slices = parts.map(IoSlice::new);
             if let Poll::Ready(Ok(n)) = io.as_mut().poll_write_vectored(&mut cx, &slices) {
                 written = n;

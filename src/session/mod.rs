@@ -4,6 +4,7 @@ pub(crate) mod core;
 pub(crate) mod direct;
 mod driver;
 mod linger;
+pub(crate) mod now;
 mod out_queue;
 mod read_buf;
 

@@ -1,7 +1,8 @@
 //! The session's core: the state its driver and its handles share, and everything that
 //! changes it. Nothing here does I/O, reads a clock or waits: the driver feeds received frames
 //! in and takes outgoing bytes out, handles read, write and close through it, and both pass in
-//! the time where it matters.
+//! the time where it matters (as a [`Now`] where it is seldom needed: the clock is read on the
+//! caller's behalf then, only if it is).
 //!
 //! One file per idea, as h2's `proto/streams` splits them:
 //!
@@ -51,8 +52,15 @@ pub(crate) use self::wait_list::WaitList;
 use self::write_waits::WriteWaits;
 use crate::config::{Config, Role, Settings};
 use crate::session::direct::DirectWrite;
+pub(crate) use crate::session::now::Now;
 use crate::stats::Stats;
 use crate::trace::next_session_id;
+
+/// Microseconds from `start` to `now`, at least 1 (0 means "not set" to a
+/// [`crate::flow::Tuner`]).
+fn micros_since(start: Instant, now: Instant) -> u64 {
+    now.saturating_duration_since(start).as_micros() as u64 + 1
+}
 
 /// The mutex-guarded session state, see the module docs.
 pub(crate) struct Shared {
@@ -369,10 +377,9 @@ impl Inner {
         stats.peak_buffered = stats.peak_buffered.max(stats.buffered);
     }
 
-    /// Microseconds from the session's start to `now`, at least 1 (0 means "not set" to a
-    /// [`crate::flow::Tuner`]).
+    /// Microseconds from the session's start to `now`, see [`micros_since`].
     fn micros(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.clock).as_micros() as u64 + 1
+        micros_since(self.clock, now)
     }
 
     /// Registers the driver's waker, unless it is the one already stored; `writing` says

@@ -31,13 +31,11 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::task::{ready, Poll, Waker};
 
-use tokio::time::Instant;
-
 use super::send::data_header;
 use super::send_queue::{self, SendQueues};
 use super::slab::Slab;
 use super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
-use super::Inner;
+use super::{micros_since, Inner, Now};
 use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::session::direct::Direct;
@@ -611,7 +609,7 @@ impl Inner {
         key: usize,
         waker: &Waker,
         len: usize,
-        direct: Option<Instant>,
+        direct: Option<&Now>,
         wakers: &mut Vec<Waker>,
     ) -> Poll<Result<Admitted, Error>> {
         let (id, n) = ready!(self.grant_write(key, waker, len))?;
@@ -642,7 +640,7 @@ impl Inner {
         key: usize,
         waker: &Waker,
         data: &[u8],
-        direct: Option<Instant>,
+        direct: Option<&Now>,
         wakers: &mut Vec<Waker>,
     ) -> Poll<Result<Admitted, Error>> {
         let admitted = ready!(self.admit_write(key, waker, data.len(), direct, wakers))?;
@@ -659,7 +657,7 @@ impl Inner {
         key: usize,
         waker: &Waker,
         chunk: &mut bytes::Bytes,
-        direct: Option<Instant>,
+        direct: Option<&Now>,
         wakers: &mut Vec<Waker>,
     ) -> Poll<Result<(Admitted, bytes::Bytes), Error>> {
         let admitted = ready!(self.admit_write(key, waker, chunk.len(), direct, wakers))?;
@@ -789,7 +787,7 @@ impl Inner {
     /// last, once the queues are empty. Lets in the writers the freed room admits.
     pub(crate) fn take_batch(
         &mut self,
-        now: Instant,
+        now: &Now,
         budget: usize,
         control_buf: &mut Vec<u8>,
         data_buf: &mut OutQueue,
@@ -835,12 +833,11 @@ impl Inner {
     /// already and is reported here: no transport write will report it.
     pub(crate) fn take_control(
         &mut self,
-        now: Instant,
+        now: &Now,
         control_buf: &mut Vec<u8>,
         wakers: &mut Vec<Waker>,
     ) -> u64 {
         let before = control_buf.len();
-        let micros = self.micros(now);
         let entries = self.out.control.len();
         for _ in 0..entries {
             let Some(entry) = self.out.control.pop_front() else {
@@ -848,7 +845,7 @@ impl Inner {
             };
             let header = match entry {
                 Control::Frame(header) => header,
-                Control::Credit { key, id } => match self.take_credit(key, id, micros) {
+                Control::Credit { key, id } => match self.take_credit(key, id, now) {
                     Some(header) => header,
                     None => continue,
                 },
@@ -876,7 +873,8 @@ impl Inner {
     }
 
     /// The WindowUpdate a credit entry stands for, if the stream still wants one.
-    fn take_credit(&mut self, key: usize, id: u32, micros: u64) -> Option<Header> {
+    fn take_credit(&mut self, key: usize, id: u32, now: &Now) -> Option<Header> {
+        let clock = self.clock;
         // A stale entry (its stream gone, perhaps its key reused) is skipped: the new stream
         // queues its own.
         let stream = self.streams.get_mut(key).filter(|s| s.id == id)?;
@@ -889,6 +887,7 @@ impl Inner {
         }
         // The probe starts now, as the frame goes to the transport, so that the round trip
         // measured holds no time this side spent queueing.
+        let micros = micros_since(clock, now.get());
         stream.tuner.on_credit(stream.window.peer_credit(), micros);
         let credit = stream.window.take_update()?;
         let header = Header {

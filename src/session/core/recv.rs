@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
 use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
-use super::{Inner, PeerKind, WaitList};
+use super::{micros_since, Inner, Now, PeerKind, WaitList};
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
 #[cfg(test)]
@@ -337,7 +337,7 @@ impl Inner {
         &mut self,
         key: usize,
         waker: &Waker,
-        now: Instant,
+        now: &Now,
         dst: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<Result<(), Error>> {
         self.poll_read_with(key, waker, now, |buffer, pins| {
@@ -352,7 +352,7 @@ impl Inner {
         &mut self,
         key: usize,
         waker: &Waker,
-        now: Instant,
+        now: &Now,
         max: usize,
     ) -> Poll<Result<Option<Bytes>, Error>> {
         self.poll_read_with(key, waker, now, |buffer, pins| {
@@ -367,10 +367,10 @@ impl Inner {
         &mut self,
         key: usize,
         waker: &Waker,
-        now: Instant,
+        now: &Now,
         read: impl FnOnce(&mut RecvBuffer, &mut super::recv_buf::PinLedger) -> (usize, R),
     ) -> Poll<Result<Option<R>, Error>> {
-        let micros = self.micros(now);
+        let clock = self.clock;
         let (min_rtt, ended) = (self.min_rtt.get(), self.life.ended());
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Ok(None));
@@ -386,7 +386,9 @@ impl Inner {
             // Only a reader that drains its buffer promptly shows that the window, not the
             // reader, is what limits the stream.
             let low = stream.buffer.len() <= target / 4;
-            let grow = stream.tuner.on_read(low, min_rtt, micros);
+            let grow = stream
+                .tuner
+                .on_read(low, min_rtt, || micros_since(clock, now.get()));
             let due = stream.window.update_due();
             let peer_may_send = stream.peer_may_send();
             self.count_buffered(-(count as i64));

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::recv_buf::Source;
-use super::Inner;
+use super::{Inner, Now};
 use crate::config::{Config, Role};
 use crate::error::{Error, ProtocolError};
 use crate::frame::{Frame, Header, Kind, GREETING_ID, HEADER_LEN};
@@ -30,7 +30,7 @@ impl Core {
         let mut inner = Inner::new(role, config, now);
         // Every session greets first; the tests look at what follows.
         let mut greeting = Vec::new();
-        inner.take_control(now, &mut greeting, &mut Vec::new());
+        inner.take_control(&Now::at(now), &mut greeting, &mut Vec::new());
         let header = Header::from_bytes(greeting[..].try_into().expect("one frame"));
         assert_eq!(
             header.map(|h| (h.id, h.kind)),
@@ -74,7 +74,7 @@ impl Core {
         let mut buf = tokio::io::ReadBuf::new(&mut storage);
         assert!(self
             .inner
-            .poll_read(key, Waker::noop(), self.now, &mut buf)
+            .poll_read(key, Waker::noop(), &Now::at(self.now), &mut buf)
             .is_ready());
         buf.filled().len()
     }
@@ -98,8 +98,14 @@ impl Core {
         wakers: &mut Vec<Waker>,
     ) -> super::Batch {
         let mut starts = Default::default();
-        self.inner
-            .take_batch(self.now, budget, control, data, &mut starts, wakers)
+        self.inner.take_batch(
+            &Now::at(self.now),
+            budget,
+            control,
+            data,
+            &mut starts,
+            wakers,
+        )
     }
 
     /// The driver takes a batch of at most `budget` bytes of data, and the transport takes all
@@ -538,7 +544,7 @@ fn large_unread_payloads_are_copied_out_when_their_buffers_cost_too_much() {
         let mut buf = tokio::io::ReadBuf::new(&mut storage);
         assert!(core
             .inner
-            .poll_read(key, Waker::noop(), core.now, &mut buf)
+            .poll_read(key, Waker::noop(), &Now::at(core.now), &mut buf)
             .is_ready());
         assert_eq!(buf.filled(), &vec![i as u8; 16 * 1024][..]);
     }
@@ -578,7 +584,7 @@ fn frame_starts_are_recorded_sparsely() {
         std::collections::VecDeque::new(),
     );
     let batch = core.inner.take_batch(
-        core.now,
+        &Now::at(core.now),
         usize::MAX,
         &mut control,
         &mut data,
@@ -943,7 +949,7 @@ fn a_close_written_long_ago_stays_written() {
     let mut control = Vec::new();
     let end = core
         .inner
-        .take_control(core.now, &mut control, &mut Vec::new());
+        .take_control(&Now::at(core.now), &mut control, &mut Vec::new());
     assert_eq!(control.len(), 8, "the CloseWrite");
     core.inner.written(written, end, 8, &mut Vec::new());
     assert!(core.inner.is_written(key));
@@ -964,10 +970,13 @@ fn a_close_written_long_ago_stays_written() {
 fn written_directly(core: &mut Core, key: usize) -> bool {
     let payload = [9u8; 4];
     let mut wakers = Vec::new();
-    let Poll::Ready(Ok(admitted)) =
-        core.inner
-            .poll_write_admit(key, Waker::noop(), &payload, Some(core.now), &mut wakers)
-    else {
+    let Poll::Ready(Ok(admitted)) = core.inner.poll_write_admit(
+        key,
+        Waker::noop(),
+        &payload,
+        Some(&Now::at(core.now)),
+        &mut wakers,
+    ) else {
         panic!("the write was not admitted");
     };
     assert_eq!(admitted.n, payload.len());

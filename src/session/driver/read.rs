@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::error::{CodecError, Error};
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::session::core::recv_buf::{Payload, PIN_MIN};
-use crate::session::core::PeerKind;
+use crate::session::core::{Now, PeerKind};
 
 /// Bytes read in one poll before the driver yields to other tasks, so a peer that floods the
 /// connection cannot monopolise a runtime thread.
@@ -37,13 +37,17 @@ where
     /// the budget ran out (the driver should yield and come back).
     pub(super) fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> bool {
         let mut budget = READ_BUDGET;
+        // The time of the last read: of the frames it brought, and of the peer's last word
+        // (one clock read serves both; the first frames, buffered before, get a time of their
+        // own).
+        let mut now = Now::later();
         loop {
             if self.read_closed {
                 // After a CloseMux or a broken frame, what follows is not the session's.
                 return false;
             }
             if !self.read_buf.is_empty() || self.read_paused {
-                match self.apply_frames() {
+                match self.apply_frames(&now) {
                     Ok(true) => {
                         // The peer sends faster than it reads our answers: wait for the
                         // transport to take them (the writer wakes us when it does).
@@ -63,8 +67,9 @@ where
             if self.read_closed {
                 return false;
             }
+            now = Now::later();
             let (read, space) = if self.read_buf.is_unallocated() && !self.codec.in_frame() {
-                (self.poll_read_stack(cx), STACK_READ)
+                (self.poll_read_stack(cx, &now), STACK_READ)
             } else {
                 let missing = self.codec.payload_missing(self.read_buf.get_mut());
                 let space = self.read_buf.prepare(missing);
@@ -106,14 +111,13 @@ where
                     return false;
                 }
             };
-            let (_, now) = self.clock.now();
-            self.timers.read(now);
+            self.timers.read(self.clock.tick(now.get()));
             budget = budget.saturating_sub(n);
             if budget == 0 {
                 // Apply what was read before yielding, so that the readers it wakes run on
                 // this thread next (tokio's LIFO slot) rather than after the driver, perhaps
                 // on another thread; the next poll reads on.
-                match self.apply_frames() {
+                match self.apply_frames(&now) {
                     Ok(paused) => self.read_paused = paused,
                     Err(error) => {
                         self.read_closed = true;
@@ -139,13 +143,16 @@ where
     fn poll_read_stack(
         &mut self,
         cx: &mut Context<'_>,
+        now: &Now,
     ) -> Poll<std::io::Result<Result<usize, Error>>> {
         let mut stack = [0; STACK_READ];
         let mut buf = ReadBuf::new(&mut stack);
         match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
             Poll::Ready(Ok(())) => {
                 let read = buf.filled();
-                let applied = self.apply_stack_frames(read).map(|()| read.len());
+                let applied = self
+                    .apply_stack_frames(read, now.get())
+                    .map(|()| read.len());
                 Poll::Ready(Ok(applied))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -156,8 +163,7 @@ where
     /// Applies the frames of a read made on the stack (see [`STACK_READ`]) that are whole and
     /// have short payloads, and moves the rest to the read buffer, from where the next
     /// `apply_frames` takes it. The control queue's bound is left to that too.
-    fn apply_stack_frames(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
-        let now = Instant::now();
+    fn apply_stack_frames(&mut self, mut bytes: &[u8], now: Instant) -> Result<(), Error> {
         let source = self.read_buf.source();
         let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
@@ -200,8 +206,8 @@ where
 
     /// Decodes the whole frames in the read buffer and applies them, under one lock, until the
     /// control queue is over its bound. Returns whether it is (reading must pause).
-    pub(super) fn apply_frames(&mut self) -> Result<bool, Error> {
-        let now = Instant::now();
+    pub(super) fn apply_frames(&mut self, now: &Now) -> Result<bool, Error> {
+        let now = now.get();
         let source = self.read_buf.source();
         let mut wakers = Collected::new();
         let mut inner = self.shared.lock();

@@ -70,7 +70,7 @@ impl Clock {
     }
 
     /// The tick of `at` (milliseconds since the epoch, wrapping: the cast keeps the low bits).
-    fn tick(&self, at: Instant) -> Tick {
+    pub(super) fn tick(&self, at: Instant) -> Tick {
         Tick(self.millis(at) as u32)
     }
 

@@ -14,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::config::deadline_after;
 use crate::error::Error;
-use crate::session::core::Batch;
+use crate::session::core::{Batch, Now};
 use crate::session::out_queue::{Cursor, OutQueue, MAX_SLICES};
 
 /// Outgoing queues grow to the largest batch written (up to about `write_buffer_size`, twice:
@@ -278,7 +278,7 @@ where
                 self.budget = self.budget.min(max_budget);
                 write.pushed_back = false;
                 write.batch = inner.take_batch(
-                    Instant::now(),
+                    &Now::later(),
                     self.budget as usize,
                     &mut write.control_buf,
                     &mut write.write_buf,
@@ -372,7 +372,7 @@ where
                 let mut wakers = Collected::new();
                 let mut inner = self.shared.lock();
                 write.batch.control_end =
-                    inner.take_control(Instant::now(), &mut write.control_buf, wakers.list());
+                    inner.take_control(&Now::later(), &mut write.control_buf, wakers.list());
                 drop(inner);
                 wakers.wake();
                 self.control_waiting = false;

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::frame::{Frame, Kind, GREETING_ID};
 use crate::stopped::Stopped;
 
-use super::{kinds, Core};
+use super::{kinds, Core, Now};
 
 /// The greeting a peer of this crate sends first (no keepalives).
 fn greeting() -> Frame {
@@ -128,7 +128,7 @@ fn the_reader_gets_the_data_then_the_end_of_the_stream() {
     loop {
         match core
             .inner
-            .poll_read_chunk(key, Waker::noop(), core.now, 400)
+            .poll_read_chunk(key, Waker::noop(), &Now::at(core.now), 400)
         {
             Poll::Ready(Ok(Some(chunk))) if !chunk.is_empty() => chunks.push(chunk),
             Poll::Ready(Ok(_)) => break,
