@@ -189,7 +189,7 @@ async fn a_message_on_an_idle_session_is_written_from_the_writers_task() {
         "every message was written by its writer, not the driver: {calls:?}"
     );
     // In one piece: this transport has no vectored writes, and a small frame is not offered to
-    // it part by part (header, then payload: two calls each before; over TLS, two records).
+    // it part by part (the credit before it, the header, the payload: three calls before).
     assert_eq!(
         from_writer.len(),
         10,

@@ -141,8 +141,8 @@ where
         if total <= SMALL_FRAME {
             // One contiguous write: a vectored one costs the kernel more than the copy here
             // (a 64-byte round trip over TCP, BENCHMARK-HISTORY.md, "Small direct writes in
-            // one piece"), and a transport without vectored writes (TLS) makes one record of
-            // the frame instead of one per part.
+            // one piece"), and a transport without vectored writes takes the frame in one
+            // call instead of one per part.
             let mut small = [0; SMALL_FRAME];
             let mut end = 0;
             for part in parts {
