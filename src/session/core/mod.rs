@@ -377,11 +377,6 @@ impl Inner {
         stats.peak_buffered = stats.peak_buffered.max(stats.buffered);
     }
 
-    /// Microseconds from the session's start to `now`, see [`micros_since`].
-    fn micros(&self, now: Instant) -> u64 {
-        micros_since(self.clock, now)
-    }
-
     /// Registers the driver's waker, unless it is the one already stored; `writing` says
     /// whether it sleeps with a batch the transport has not taken yet.
     pub(crate) fn set_driver_waker(&mut self, waker: &Waker, writing: bool) {

@@ -85,7 +85,7 @@ impl Inner {
         now: Instant,
         wakers: &mut Vec<Waker>,
     ) -> Result<(), Error> {
-        let (micros, min_rtt) = (self.micros(now), self.min_rtt.get());
+        let (micros, min_rtt) = (micros_since(self.clock, now), self.min_rtt.get());
         let Some(key) = self.key_of(id) else {
             return Ok(()); // Unknown or closed: races with a local close.
         };
