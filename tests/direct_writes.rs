@@ -16,7 +16,7 @@
 //!   (These were found by mutation testing, `scripts/mutants.sh --part core`.)
 //! - A driver that found the transport taken by a writer is woken when the writer lets go.
 //! - A burst of small messages on many streams goes out in a few transport calls, not one per
-//!   message.
+//!   message; so do the frames of a writer sending bulk.
 //!
 //! Both ends closing while busy over TCP, with direct writes in flight, is in
 //! `tests/core_findings_b.rs` (`closing_a_busy_session_*`) and `tests/close_paths.rs`.
@@ -252,6 +252,66 @@ async fn a_burst_of_small_messages_on_many_streams_takes_few_transport_calls() {
         calls.len()
     );
     drop(written);
+}
+
+/// A writer sending bulk writes its first frame itself and queues the next ones while the
+/// driver has not run since, so the driver writes them in batches: far fewer transport calls
+/// than frames. Before, every 64 KiB frame went to the transport on its own (on TCP a system
+/// call each, waking the peer's reading thread each time): 66 calls here for the 32 frames,
+/// this transport taking the header and the payload in a call each; now 11, the batches
+/// growing as the transport takes them whole. Every byte arrives, in order.
+#[tokio::test]
+async fn a_writer_sending_bulk_leaves_its_frames_to_the_drivers_batches() {
+    const FRAMES: usize = 32;
+    const FRAME: usize = 64 * 1024;
+    let (a, b) = tokio::io::duplex(4 << 20);
+    let calls = Calls::default();
+    let client = Session::client(shaped(
+        a,
+        Recording {
+            calls: Arc::clone(&calls),
+        },
+    ));
+    // A window that takes every frame at once, so the writer never waits for credit.
+    let window = (FRAMES * FRAME) as u32;
+    let server = Session::with_config(
+        b,
+        Role::Server,
+        Config::default()
+            .receive_window(window)
+            .max_receive_window(window),
+    );
+    let mut outbound = client.open().await.expect("open");
+    outbound.write_all(b"open").await.expect("write");
+    let mut inbound = within("accept", server.accept()).await.expect("accept");
+    let mut opened = [0; 4];
+    within("read", inbound.read_exact(&mut opened))
+        .await
+        .expect("read");
+    calls.lock().expect("calls").clear();
+    let message = pattern(3, FRAMES * FRAME);
+    let sent = message.clone();
+    let writer = tokio::spawn(async move {
+        for frame in sent.chunks(FRAME) {
+            outbound.write_all(frame).await.expect("write");
+        }
+        outbound
+    });
+    let mut received = vec![0; message.len()];
+    within("read", inbound.read_exact(&mut received))
+        .await
+        .expect("read");
+    assert!(received == message, "every byte arrives, in order");
+    let _outbound = within("writer", writer).await.expect("writer");
+    let calls = calls.lock().expect("calls").clone();
+    let data: usize = calls.iter().map(|&(_, n)| n).sum();
+    assert!(data >= message.len(), "{data} bytes written: {calls:?}");
+    assert!(
+        calls.len() <= FRAMES / 2,
+        "{FRAMES} frames took {} transport calls: {:?}",
+        calls.len(),
+        calls.iter().map(|&(_, n)| n).collect::<Vec<_>>()
+    );
 }
 
 /// A writer may write before its session's driver has made its first transport call, with no

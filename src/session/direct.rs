@@ -16,8 +16,9 @@
 //!   Before the driver's first transport call there is no such waker yet: the write goes on
 //!   without one, and what the transport leaves of it is the driver's, which is woken for it.
 //!
-//! When a direct write is allowed (nothing queued, no batch in hand; and for a small frame, no
-//! burst of them, which the driver writes in one batch instead: `Inner::direct_possible`) and
+//! When a direct write is allowed (nothing queued, no batch in hand, no direct write since the
+//! driver last ran; a series of frames, a burst of small ones or a writer's bulk, is the
+//! driver's to write in batches instead: `Inner::direct_possible`) and
 //! what happens to the part of a frame the transport did not take is the core's business:
 //! `Inner::admit_write` and `Inner::direct_done`.
 
