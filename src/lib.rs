@@ -105,11 +105,11 @@
 //! ([`TcpStream::set_nodelay(true)`](https://docs.rs/tokio/1/tokio/net/struct.TcpStream.html#method.set_nodelay))
 //! on both ends of a TCP transport, as HTTP/2 and QUIC stacks do.
 //!
-//! A writer whose frame would go first (nothing queued, no batch being written) on a session
-//! whose driver was spawned for you ([`Session::client`] and the other constructors) writes it
-//! to the transport itself, with any control frames queued ahead of it, instead of waking the
-//! driver task to do it: a request and its response then cost one task wake-up each rather
-//! than two (64-byte round trip over loopback TCP: 1.16 to 1.18 × the raw connection's, against
+//! A writer whose frame would go first (nothing queued, no batch being written, no frame
+//! written this way since the driver last ran) on a session whose driver was spawned for you
+//! ([`Session::client`] and the other constructors) writes it to the transport itself, with any
+//! control frames queued ahead of it, instead of waking the driver task to do it: a request
+//! and its response then cost one task wake-up each rather than two (64-byte round trip over loopback TCP: 1.16 to 1.18 × the raw connection's, against
 //! 1.53 to 1.60 × before; `cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$'`, two runs
 //! each, beside a build without them; 1.24 × in BENCHMARKS.md's run). The writer only tries the transport's lock and polls it once: if the driver holds it,
 //! or the transport takes only part of the frame, the driver writes the rest before anything
