@@ -109,11 +109,13 @@
 //! written this way since the driver last ran) on a session whose driver was spawned for you
 //! ([`Session::client`] and the other constructors) writes it to the transport itself, with any
 //! control frames queued ahead of it, instead of waking the driver task to do it: a request
-//! and its response then cost one task wake-up each rather than two (64-byte round trip over loopback TCP: 1.16 to 1.18 × the raw connection's, against
-//! 1.53 to 1.60 × before; `cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$'`, two runs
-//! each, beside a build without them; 1.24 × in BENCHMARKS.md's run). The writer only tries the transport's lock and polls it once: if the driver holds it,
-//! or the transport takes only part of the frame, the driver writes the rest before anything
-//! else. A session whose [`Connection`] you poll yourself ([`Session::new`]) always queues.
+//! and its response then cost one task wake-up each rather than two (64-byte round trip over
+//! loopback TCP: 1.16 to 1.18 × the raw connection's when this came in, against 1.53 to 1.60 ×
+//! before; `cargo bench --bench latency -- 'latency/(tcp|gomux-tcp)$'`, two runs each, beside a
+//! build without them; 1.12 × in BENCHMARKS.md's run of commit 4ab5e9a). The writer only tries
+//! the transport's lock and polls it once: if the driver holds it, or the transport takes only
+//! part of the frame, the driver writes the rest before anything else. A session whose
+//! [`Connection`] you poll yourself ([`Session::new`]) always queues.
 //!
 //! Each stream's frames wait in a queue of its own, and the driver builds each transport write
 //! by taking turns between the streams with something to send (32 KiB per turn, higher
