@@ -306,11 +306,13 @@ impl Config {
     /// the peer is closing, at its `max_streams`, or slow to accept for longer than this
     /// backlog covers. Towards a Go peer, which acknowledges nothing, nothing waits; until the
     /// peer's first frame shows which it is, opens beyond the backlog wait for it at most one
-    /// second from the session's start. It bounds the streams of ours queued at the peer; at
-    /// least 1.
+    /// second from the session's start. It bounds the streams of ours queued at the peer.
+    /// A stream closed or dropped before its answer keeps its place (a record of its id, not
+    /// the stream) until the peer accepts or refuses it, so write-and-drop cannot overrun the
+    /// peer either. Clamped to 1..=2^30.
     #[must_use = "a setter returns the changed configuration"]
     pub fn open_backlog(mut self, streams: usize) -> Config {
-        self.edit().open_backlog = streams.max(1);
+        self.edit().open_backlog = streams.clamp(1, MAX_STREAMS);
         self
     }
 

@@ -294,6 +294,13 @@ pub enum Error {
         /// Streams still open at the deadline.
         streams: usize,
     },
+    /// [`Session::open`](crate::Session::open), [`Session::try_open`](crate::Session::try_open)
+    /// or [`Pool::open`](crate::Pool::open) found no session that takes new streams: it ended
+    /// (the error that ended it is inside) or is closing gracefully (the pool or session was
+    /// closed by this side: [`ClosedLocally`](Error::ClosedLocally) inside). The stream was
+    /// not opened and no frame of it was written, so the request is safe to retry, on another
+    /// session. (The kind of the error inside)
+    SessionUnavailable(Box<Error>),
     /// A [`Pool`](crate::Pool) had no live session within its open timeout. Only this open
     /// failed: the pool goes on connecting. (The kind of the latest failure, `TimedOut` when
     /// there was none.)
@@ -330,9 +337,50 @@ impl Error {
 
     /// Whether this is a graceful end of the session: closed by this side
     /// ([`ClosedLocally`](Error::ClosedLocally)) or by the peer with CloseMux
-    /// ([`ClosedByPeer`](Error::ClosedByPeer)).
+    /// ([`ClosedByPeer`](Error::ClosedByPeer)), or an open that found the session so ended.
     pub fn is_graceful(&self) -> bool {
-        matches!(self, Error::ClosedLocally | Error::ClosedByPeer)
+        match self {
+            Error::ClosedLocally | Error::ClosedByPeer => true,
+            Error::SessionUnavailable(reason) => reason.is_graceful(),
+            _ => false,
+        }
+    }
+
+    /// Whether the request carried by the stream that failed with this error is safe to send
+    /// again: it never reached the peer's application. True for the errors of `open` and
+    /// `try_open` (no frame of the stream was written: [`SessionUnavailable`],
+    /// [`TooManyStreams`], [`PoolUnavailable`]) and for [`Refused`] (a peer of this crate
+    /// refused the stream before its application accepted it, or ended the session in order
+    /// without having accepted it). False for every other error of a stream's reads, writes,
+    /// flushes and closes: the peer's application may have received the request and acted on
+    /// it, or this side used the stream after closing it. The guide's chapter on refusals and
+    /// retries has the table.
+    ///
+    /// [`SessionUnavailable`]: Error::SessionUnavailable
+    /// [`TooManyStreams`]: Error::TooManyStreams
+    /// [`PoolUnavailable`]: Error::PoolUnavailable
+    /// [`Refused`]: Error::Refused
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// client.close().await.unwrap();
+    /// // The session is over: the open wrote nothing, so the request may go elsewhere.
+    /// let error = client.open().await.unwrap_err();
+    /// assert!(error.is_retry_safe(), "{error}");
+    /// assert!(!gomux::Error::ClosedByPeer.is_retry_safe(), "a stream's read may have been handled");
+    /// # }
+    /// ```
+    pub fn is_retry_safe(&self) -> bool {
+        matches!(
+            self,
+            Error::Refused
+                | Error::SessionUnavailable(_)
+                | Error::TooManyStreams
+                | Error::PoolUnavailable { .. }
+        )
     }
 
     /// Whether this error reports the session's end rather than a problem of one operation.
@@ -377,6 +425,7 @@ impl Error {
             Error::PoolUnavailable { last } => last
                 .as_ref()
                 .map_or(io::ErrorKind::TimedOut, |last| last.io_kind()),
+            Error::SessionUnavailable(reason) => reason.io_kind(),
         }
     }
 }
@@ -411,6 +460,9 @@ impl fmt::Display for Error {
                 f,
                 "no pooled session available within the open timeout; latest failure: {last}"
             ),
+            Error::SessionUnavailable(reason) => {
+                write!(f, "no stream opened, the session takes none: {reason}")
+            }
             Error::PoolUnavailable { last: None } => {
                 f.write_str("no pooled session available within the open timeout")
             }
@@ -425,6 +477,7 @@ impl error::Error for Error {
             Error::Protocol(e) => e.source(),
             Error::Transport(e) => e.source(),
             Error::PoolUnavailable { last: Some(last) } => last.source(),
+            Error::SessionUnavailable(reason) => reason.source(),
             _ => None,
         }
     }

@@ -247,9 +247,11 @@ impl Pool {
     ///
     /// # Errors
     ///
-    /// [`Error::ClosedLocally`] once the pool is closed; [`Error::PoolUnavailable`] when no
-    /// session was live within the open timeout; [`Error::TooManyStreams`] from the session
-    /// chosen.
+    /// [`Error::SessionUnavailable`] (with [`Error::ClosedLocally`] inside) once the pool is
+    /// closed; [`Error::PoolUnavailable`] when no session was live within the open timeout;
+    /// [`Error::TooManyStreams`] from the session chosen. Like a session's `open`, no frame
+    /// of the stream was written when it fails: every error is safe to retry
+    /// ([`Error::is_retry_safe`]).
     pub async fn open(&self) -> Result<Stream, Error> {
         self.open_with_session().await.map(|(stream, _)| stream)
     }
@@ -308,8 +310,8 @@ impl Pool {
                 // The session is over (or draining): it leaves its slot, and another is tried.
                 // Each time one fewer is live, and replacements are bounded by the backoff, so
                 // this ends.
-                Err(error) if error.is_session_end() => {
-                    let retired = self.shared.lock().retire(&pooled, error, &self.shared);
+                Err(Error::SessionUnavailable(reason)) => {
+                    let retired = self.shared.lock().retire(&pooled, *reason, &self.shared);
                     drop(retired);
                 }
                 Err(error) => return Err(error),
@@ -433,7 +435,9 @@ impl Pool {
             let mut state = self.shared.lock();
             if state.closed {
                 state.stop_waiting(slot);
-                return Poll::Ready(Err(Error::ClosedLocally));
+                return Poll::Ready(Err(Error::SessionUnavailable(Box::new(
+                    Error::ClosedLocally,
+                ))));
             }
             if let Some(index) = state.least_loaded() {
                 state.stop_waiting(slot);

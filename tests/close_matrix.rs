@@ -870,8 +870,11 @@ async fn end(case: &Case, side: &mut Side, deadline: Instant) -> Result<Vec<u8>,
             expect_err(
                 &what("open"),
                 at_once(&what("open"), session.open())?,
-                closed_locally,
-                "ClosedLocally",
+                |error| {
+                    matches!(error, Error::SessionUnavailable(reason) if closed_locally(reason))
+                        && error.is_retry_safe()
+                },
+                "SessionUnavailable(ClosedLocally), safe to retry",
             )?;
             expect_err(
                 &what("accept"),

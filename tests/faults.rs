@@ -120,7 +120,10 @@ impl Waiting {
         let write = within_for(PROMPT, "waiting write fails", self.write).await;
         check(&stream_error(write.expect("writer task"), "write"), "write");
         let open = within_for(PROMPT, "waiting open fails", self.open).await;
-        check(&open.expect("opener task").expect_err("open"), "open");
+        match open.expect("opener task").expect_err("open") {
+            Error::SessionUnavailable(reason) => check(&reason, "open"),
+            other => panic!("open: unexpected {other:?}"),
+        }
         let accept = within_for(PROMPT, "waiting accept fails", self.accept).await;
         check(
             &accept.expect("acceptor task").expect_err("accept"),
@@ -280,7 +283,10 @@ async fn after_a_failed_transport_write_nothing_reports_success() {
     let error = stream_error(within("shutdown", stream.shutdown()).await, "shutdown");
     assert!(is_broken_pipe(&error), "shutdown: {error:?}");
     let error = within("open", session.open()).await.expect_err("open");
-    assert!(is_broken_pipe(&error), "open: {error:?}");
+    assert!(
+        matches!(&error, Error::SessionUnavailable(reason) if is_broken_pipe(reason)),
+        "open: {error:?}"
+    );
     let error = within("close", stream.close()).await.expect_err("close");
     assert!(is_broken_pipe(&error), "close: {error:?}");
 }

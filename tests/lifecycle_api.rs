@@ -39,7 +39,10 @@ async fn graceful_close_lets_open_streams_finish_and_refuses_new_ones() {
     assert_eq!(refused.expect("session lives"), Stopped::Refused);
     assert!(matches!(server.accept().await, Err(Error::ClosedLocally)));
     assert!(server.incoming().next().await.is_none(), "incoming ends");
-    assert!(matches!(server.open().await, Err(Error::ClosedLocally)));
+    assert!(matches!(
+        server.open().await,
+        Err(Error::SessionUnavailable(reason)) if matches!(*reason, Error::ClosedLocally)
+    ));
     assert!(!closing.is_finished(), "a stream is still being served");
 
     // ...while the stream being served still works both ways.
@@ -193,15 +196,22 @@ async fn stopped_tells_refused_from_read_closed_from_closed() {
     assert_eq!(server.stats().streams_refused, 1);
 }
 
+/// A session that ends under a stream the peer's application accepted ends its `stopped()`
+/// with the session's error; one it never accepted, when the peer ended in order, was refused.
 #[tokio::test]
 async fn stopped_reports_the_session_end() {
     let (client, server) = duplex_pair().await;
     let stream = client.open().await.expect("open");
+    let _accepted = within("accept", server.accept()).await.expect("accept");
+    let unaccepted = client.open().await.expect("open");
     let waiting = tokio::spawn(async move { stream.stopped().await });
+    let refused = tokio::spawn(async move { unaccepted.stopped().await });
     tokio::task::yield_now().await;
     server.close().await.expect("close");
     let result = within("the end", waiting).await.expect("no panic");
     assert!(matches!(result, Err(Error::ClosedByPeer)), "{result:?}");
+    let result = within("the end", refused).await.expect("no panic");
+    assert!(matches!(result, Ok(Stopped::Refused)), "{result:?}");
 }
 
 #[tokio::test]

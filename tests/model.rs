@@ -620,18 +620,29 @@ struct Traffic {
 fn write_error_justified(
     error: &io::Error,
     write_closed: bool,
-    peer_gone: bool,
+    peer: &End,
     session_closed: bool,
 ) -> Result<(), TestCaseError> {
     let error = gomux_error(error).cloned();
     let justified = match error {
         Some(Error::WriteClosed) => write_closed,
-        Some(Error::PeerReadClosed) => peer_gone,
+        Some(Error::PeerReadClosed) => peer.read_closed,
+        Some(Error::Refused) => refusal_true(peer, session_closed)?,
         Some(ref e) if e.is_session_end() => session_closed,
         _ => false,
     };
     prop_assert!(justified, "write failed without a reason: {:?}", error);
     Ok(())
+}
+
+/// The fate property: a stream reported refused was never accepted by the peer's application
+/// (and only a session that ended, in this model, refuses one: no accept backlog fills here).
+fn refusal_true(peer: &End, session_closed: bool) -> Result<bool, TestCaseError> {
+    prop_assert!(
+        !peer.accepted,
+        "a stream the peer's application accepted was reported refused"
+    );
+    Ok(session_closed)
 }
 
 /// Polls `future` [`REPOLLS`] times with the same (no-op) waker, or until it finishes; returns
@@ -769,8 +780,7 @@ impl Model {
                 let Some(pair) = self.pair(stream) else {
                     return Ok(());
                 };
-                let peer_gone = pair.ends[1 - side].read_closed;
-                let end = &mut pair.ends[side];
+                let (end, peer) = split_ends(pair, side);
                 let Some(handle) = end.handle.as_mut() else {
                     return Ok(());
                 };
@@ -782,7 +792,7 @@ impl Model {
                         end.sent.extend_from_slice(&content[..n]);
                     }
                     Ok(Err(error)) => {
-                        write_error_justified(&error, end.write_closed, peer_gone, closed)?;
+                        write_error_justified(&error, end.write_closed, peer, closed)?;
                     }
                 }
             }
@@ -861,8 +871,7 @@ impl Model {
             let Some(pair) = self.pair(writer.stream) else {
                 break;
             };
-            let peer_gone = pair.ends[1 - writer.side].read_closed;
-            let end = &mut pair.ends[writer.side];
+            let (end, peer) = split_ends(pair, writer.side);
             let Some(handle) = end.handle.as_mut() else {
                 continue;
             };
@@ -879,7 +888,7 @@ impl Model {
                         written += n;
                     }
                     Ok(Err(error)) => {
-                        write_error_justified(&error, end.write_closed, peer_gone, closed_before)?;
+                        write_error_justified(&error, end.write_closed, peer, closed_before)?;
                         break;
                     }
                 }
@@ -964,7 +973,6 @@ impl Model {
         let Some(pair) = self.pair(stream) else {
             return Ok(());
         };
-        let peer_gone = pair.ends[1 - side].read_closed;
         let (mine, theirs) = split_ends(pair, side);
         let Some(mut handle) = mine.handle.take() else {
             return Ok(());
@@ -979,7 +987,7 @@ impl Model {
                         mine.sent.extend_from_slice(&content[..n]);
                     }
                     Some(Err(error)) => {
-                        write_error_justified(&error, mine.write_closed, peer_gone, closed)?
+                        write_error_justified(&error, mine.write_closed, theirs, closed)?
                     }
                     None => {}
                 }
@@ -1152,8 +1160,7 @@ impl Model {
                 let i = (start + k) % parts.len();
                 let part = &mut parts[i];
                 let pair = &mut self.pairs[part.pair];
-                let peer_gone = pair.ends[1 - part.side].read_closed;
-                let (mine, _) = split_ends(pair, part.side);
+                let (mine, peer) = split_ends(pair, part.side);
                 // Writing, a few frames per round so the others get their turn.
                 let mut rounds = 0;
                 while part.writing && rounds < 8 {
@@ -1176,7 +1183,7 @@ impl Model {
                             part.written += n;
                         }
                         Poll::Ready(Err(error)) => {
-                            write_error_justified(&error, mine.write_closed, peer_gone, closed)?;
+                            write_error_justified(&error, mine.write_closed, peer, closed)?;
                             part.writing = false;
                         }
                     }
@@ -1518,7 +1525,15 @@ fn record_read(
             );
             mine.received.extend_from_slice(data);
         }
-        Err(_) => {}
+        Err(error) => {
+            if let Some(Error::Refused) = gomux_error(&error) {
+                // Refused reads come only at a session's end in this model.
+                prop_assert!(
+                    !theirs.accepted,
+                    "a read reported refused on a stream the peer's application accepted"
+                );
+            }
+        }
     }
     Ok(())
 }

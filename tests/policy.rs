@@ -137,6 +137,10 @@ fn assert_same_error(got: &Error, want: &Error, what: &str) {
         | (Error::ConnectionClosed, Error::ConnectionClosed)
         | (Error::UnexpectedEof, Error::UnexpectedEof)
         | (Error::IdleTimeout, Error::IdleTimeout) => true,
+        (Error::SessionUnavailable(a), Error::SessionUnavailable(b)) => {
+            assert_same_error(a, b, what);
+            true
+        }
         _ => false,
     };
     assert!(same, "{what}: got {got:?}, want {want:?}");
@@ -429,7 +433,10 @@ async fn close_mux_from_the_peer() {
     h.send(Frame::control(0, Kind::CloseMux)).await;
     // The session closes its side without answering with a CloseMux of its own.
     let session = h.expect_end(&Error::ClosedByPeer, false).await;
-    assert!(matches!(session.open().await, Err(Error::ClosedByPeer)));
+    assert!(matches!(
+        session.open().await,
+        Err(Error::SessionUnavailable(reason)) if matches!(*reason, Error::ClosedByPeer)
+    ));
 }
 
 /// Reads, writes and accepts waiting when the session ends all return its error.
@@ -506,7 +513,7 @@ async fn pending_operations_fail_when(end: impl AsyncFnOnce(&mut Harness), expec
     let open = within("open after the end", session.open()).await;
     assert_same_error(
         &open.expect_err("opening fails"),
-        &expected,
+        &Error::SessionUnavailable(Box::new(expected.clone())),
         "open after the end",
     );
     let close_mux = matches!(expected, Error::Protocol(_));

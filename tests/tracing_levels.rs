@@ -73,3 +73,29 @@ fn a_closed_session_logs_no_warning() {
     });
     assert!(log.is_empty(), "{log}");
 }
+
+/// A refusal of a stream whose handle was dropped has nobody left to see it: it is logged at
+/// WARN with the stream's id (and counted in `Stats::refused_by_peer`).
+#[test]
+fn a_refusal_of_a_dropped_stream_logs_a_warning_with_its_id() {
+    use tokio::io::AsyncWriteExt;
+    let log = warnings(async {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (client, server) = (Session::client(a), Session::server(b));
+        let mut stream = client.open().await.expect("open");
+        stream.write_all(b"request").await.expect("write");
+        let id = stream.id();
+        drop(stream);
+        // The server never accepts it: its graceful close refuses it.
+        server
+            .graceful_close(std::time::Duration::from_secs(5))
+            .await
+            .expect("graceful close");
+        client.closed().await;
+        assert_eq!(client.stats().refused_by_peer, 1, "stream {id}");
+    });
+    assert!(
+        log.contains("WARN") && log.contains("refused a stream") && log.contains("stream=0"),
+        "{log}"
+    );
+}

@@ -201,8 +201,11 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// The error that ended the session, or [`Error::ClosedLocally`] once
-    /// [`graceful_close`](Session::graceful_close) was called.
+    /// [`Error::SessionUnavailable`] with the error that ended the session inside, or with
+    /// [`Error::ClosedLocally`] once [`graceful_close`](Session::graceful_close) was called.
+    /// An open that fails has written no frame of the stream, so every error of `open` and
+    /// [`try_open`](Session::try_open) is safe to retry ([`Error::is_retry_safe`]), on
+    /// another session if this one is over.
     pub async fn open(&self) -> Result<Stream, Error> {
         let mut room = Waiting::new(&self.shared, Inner::opener_gone);
         let mut line = Waiting::new(&self.shared, Inner::open_line_gone);

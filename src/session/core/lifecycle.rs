@@ -8,16 +8,21 @@
 
 use std::task::Waker;
 
+use super::outgoing::Control;
 use super::wait_list::WaitList;
 use super::Inner;
 use crate::error::Error;
+use crate::frame::{Header, Kind};
 use crate::trace::event;
 
 pub(super) struct Lifecycle {
     /// Why the session ended, once it has. Stream operations fail with it from then on.
     end: Option<Error>,
-    /// Whether the driver should send CloseMux before closing the transport.
+    /// Whether the driver should send CloseMux before closing the transport (until it queues
+    /// it).
     send_close_mux: bool,
+    /// The session ended with this side's CloseMux to send (kept once it is queued).
+    close_mux_ours: bool,
     /// The driver has finished: the transport is closed or abandoned.
     finished: bool,
     /// What went wrong with the transport, once something has (boxed: few sessions need it).
@@ -49,6 +54,7 @@ impl Lifecycle {
         Lifecycle {
             end: None,
             send_close_mux: false,
+            close_mux_ours: false,
             finished: false,
             transport: None,
             close_waiters: WaitList::new(),
@@ -98,6 +104,11 @@ impl Lifecycle {
     pub(super) fn closing_gracefully(&self) -> bool {
         self.closing_gracefully
     }
+
+    /// Whether the session ended with a CloseMux of this side's, queued or to be.
+    pub(super) fn sends_close_mux(&self) -> bool {
+        self.close_mux_ours
+    }
 }
 
 impl Inner {
@@ -119,6 +130,14 @@ impl Inner {
         crate::trace::session_ended(self.id, &error);
         self.life.end = Some(error);
         self.life.send_close_mux = send_close_mux;
+        self.life.close_mux_ours = send_close_mux;
+        if send_close_mux && self.peer.greeted() {
+            // The peer takes every stream of its that is not acknowledged before our CloseMux
+            // as refused: the queued ones will never be handed out (see `poll_accept`).
+            while let Some(key) = self.accept_queue.pop_front() {
+                self.release(key, true, true);
+            }
+        }
         self.wake_all_outgoing(wakers);
         self.peer.wake_all(wakers);
         self.accept_waiters.wake_all(wakers);
@@ -231,10 +250,27 @@ impl Inner {
             return;
         }
         while let Some(key) = self.accept_queue.pop_front() {
+            self.refuse_closed_by_opener(key);
             self.release(key, true, true);
         }
         if self.life.end.is_none() && self.idle() {
             self.close(wakers);
+        }
+    }
+
+    /// A greeted peer waits for an answer to every stream it opened, even one it closed
+    /// already (see `peer::Unanswered`): one that goes unaccepted is refused with CloseStream,
+    /// which `release` does not send for a stream the peer closed.
+    fn refuse_closed_by_opener(&mut self, key: usize) {
+        let closed_by_opener = self
+            .streams
+            .get(key)
+            .is_some_and(|stream| !stream.may_send_frames());
+        if closed_by_opener && self.peer.greeted() && !self.life.ended() {
+            if let Some(stream) = self.streams.get(key) {
+                let refusal = Header::new(stream.id, Kind::CloseStream);
+                self.queue_control(Control::Frame(refusal));
+            }
         }
     }
 

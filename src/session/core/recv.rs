@@ -50,12 +50,25 @@ impl Inner {
     ) -> Result<(), Error> {
         if self.peer.kind == PeerKind::Unknown {
             self.peer.on_first_frame(&header);
+            if self.peer.kind == PeerKind::Plain {
+                // A plain peer answers nothing: the streams forgotten while it was unknown
+                // leave the backlog.
+                let forgotten = self.peer.unanswered.take_all().len();
+                self.peer.unacked = self.peer.unacked.saturating_sub(forgotten);
+            }
             // Opens held for the greeting may go (towards a plain peer, all of them).
             self.wake_opener_if_able(wakers);
         }
         let Header { id, length, kind } = header;
         self.stats.frames_received += 1;
         self.stats.bytes_received += (HEADER_LEN + payload.len()) as u64;
+        let about_a_stream = !matches!(kind, Kind::Keepalive | Kind::OpenStream | Kind::CloseMux);
+        if self.peer.unanswered.len() > 0 && about_a_stream && self.key_of(id).is_none() {
+            // The peer's answer to a stream of ours whose handle is gone: its acknowledgement
+            // (or anything else it says first), or its refusal.
+            let refused = kind == Kind::CloseStream && self.peer.greeted();
+            self.answered_forgotten(id, refused, wakers);
+        }
         match kind {
             Kind::Data => self.on_data(id, payload, source, now, wakers)?,
             Kind::WindowUpdate => self.on_window_update(id, length, wakers)?,
@@ -67,9 +80,59 @@ impl Inner {
             }
             Kind::CloseStream => self.on_peer_close(id, wakers, |s| s.on_peer_closed(false)),
             Kind::Keepalive => self.stats.keepalives_received += 1,
-            Kind::CloseMux => return Err(Error::ClosedByPeer),
+            Kind::CloseMux => {
+                if self.peer.greeted() {
+                    self.refuse_unacknowledged(wakers);
+                }
+                return Err(Error::ClosedByPeer);
+            }
         }
         Ok(())
+    }
+
+    /// A greeted peer ended the session in order: it writes its CloseMux after every
+    /// acknowledgement it queued, and hands its application no stream after it, so each stream
+    /// of ours it has not acknowledged never reached its application. They fail with
+    /// [`Error::Refused`] (safe to retry), and forgotten ones are counted and logged as
+    /// refused.
+    fn refuse_unacknowledged(&mut self, wakers: &mut Vec<Waker>) {
+        for id in self.peer.unanswered.take_all() {
+            self.peer.unacked = self.peer.unacked.saturating_sub(1);
+            self.forgotten_refused(id);
+        }
+        let unacknowledged: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|stream| stream.peer == PeerSaid::Nothing)
+            .map(|stream| stream.id)
+            .collect();
+        for id in unacknowledged {
+            self.on_peer_close(id, wakers, |s| s.on_peer_closed(true));
+        }
+    }
+
+    /// The peer answered stream `id` of ours, whose handle is gone: it leaves the backlog. A
+    /// refusal is counted and logged, as nobody is left to see it.
+    fn answered_forgotten(&mut self, id: u32, refused: bool, wakers: &mut Vec<Waker>) {
+        if !self.peer.unanswered.remove(id) {
+            return;
+        }
+        if refused {
+            self.forgotten_refused(id);
+        }
+        self.acknowledged(wakers);
+    }
+
+    /// Counts and logs the refusal of a stream of ours whose handle is gone.
+    fn forgotten_refused(&mut self, _id: u32) {
+        self.stats.refused_by_peer += 1;
+        event!(
+            warn,
+            session = self.id,
+            stream = _id,
+            "the peer refused a stream whose handle was dropped: what was written on it never \
+             reached the peer's application"
+        );
     }
 
     fn stream_by_id(&mut self, id: u32) -> Option<&mut StreamState> {
@@ -299,17 +362,29 @@ impl Inner {
         if self.life.closing_gracefully() && !self.life.ended() {
             return Poll::Ready(Err(Error::ClosedLocally));
         }
-        if let Some(key) = self.accept_queue.pop_front() {
-            let greeted = self.peer.greeted();
+        let greeted = self.peer.greeted();
+        // Once this side has queued its CloseMux, no acknowledgement could go before it, and a
+        // greeted peer takes every stream unacknowledged by then as refused: none is handed
+        // out any more.
+        let refused_by_close_mux = greeted && self.life.sends_close_mux();
+        let next = if refused_by_close_mux {
+            None
+        } else {
+            self.accept_queue.pop_front()
+        };
+        if let Some(key) = next {
+            let ended = self.life.ended();
             let Some(stream) = self.streams.get_mut(key) else {
                 return Poll::Ready(Ok((key, 0)));
             };
             let id = stream.id;
             // The acknowledgement a peer of this crate waits for (its backlog, and how it tells
-            // a refusal from a close), carrying the window above the initial one if any. A Go
-            // peer needs only the window.
+            // a refusal from a close), carrying the window above the initial one if any; sent
+            // for a stream it closed already too, whose record in its backlog waits for it. A
+            // Go peer needs only the window.
             let credit = stream.window.take_update();
-            if stream.may_send_frames() && (greeted || credit.is_some()) {
+            let acknowledge = greeted && !ended;
+            if acknowledge || stream.may_send_frames() && credit.is_some() {
                 self.queue_control(Control::Frame(Header {
                     id,
                     length: credit.unwrap_or(0),

@@ -27,11 +27,15 @@ impl Inner {
         wait: bool,
         wakers: &mut Vec<Waker>,
     ) -> Poll<Result<(usize, u32), Error>> {
+        // Every failure comes before any frame of the stream is queued: an open's error is
+        // always safe to retry.
         if let Some(error) = self.life.unusable() {
-            return Poll::Ready(Err(error.clone()));
+            return Poll::Ready(Err(Error::SessionUnavailable(Box::new(error.clone()))));
         }
         if self.life.closing_gracefully() {
-            return Poll::Ready(Err(Error::ClosedLocally));
+            return Poll::Ready(Err(Error::SessionUnavailable(Box::new(
+                Error::ClosedLocally,
+            ))));
         }
         let now = tokio::time::Instant::now();
         if !self.peer.first_in_line(*line) || !self.may_open(now) {
@@ -47,10 +51,10 @@ impl Inner {
         }
         self.peer.leave(line);
         self.peer.unacked += 1;
-        // Ids wrap at 2^32; skip any still live. `max_streams` is clamped below 2^31, which
-        // guarantees a free one.
+        // Ids wrap at 2^32; skip any still live or waiting for its answer. `max_streams` and
+        // `open_backlog` are clamped below 2^30 each, which guarantees a free one.
         let mut id = self.next_id;
-        while self.ids.contains_key(&id) {
+        while self.ids.contains_key(&id) || self.peer.unanswered.contains(id) {
             id = id.wrapping_add(2);
         }
         self.next_id = id.wrapping_add(2);
@@ -304,8 +308,15 @@ impl Inner {
         let id = stream.id;
         let send_close = stream.closed == Closed::No && !ended;
         if stream.peer == PeerSaid::Nothing {
-            // Ours, unacknowledged: it leaves the backlog (the caller wakes the next open).
-            self.peer.unacked -= 1;
+            // Ours, unanswered: it keeps its place in the backlog until the peer answers (its
+            // CloseStream below, or the one queued already, makes sure the peer does), unless
+            // no answer is waited for. Then it leaves the backlog (the caller wakes the next
+            // open).
+            if !ended && self.peer.waits_for_answers(self.clock) {
+                self.peer.unanswered.insert(id);
+            } else {
+                self.peer.unacked -= 1;
+            }
         }
         if let Some(rare) = &mut self.rare {
             // No `stopped()` future outlives the handles; this only keeps the map exact.

@@ -111,7 +111,6 @@ impl<T> Slab<T> {
         }
     }
 
-    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.entries.iter().filter_map(|entry| match entry {
             Entry::Occupied(value) => Some(value),

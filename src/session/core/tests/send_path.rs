@@ -465,10 +465,12 @@ fn a_stream_is_closed_on_the_wire_once() {
 }
 
 /// Towards a peer of this crate, a stream of ours that goes before the peer said anything
-/// about it leaves the open backlog, and an open that gives up its place in line passes it
-/// on: with a backlog of one, the open behind it goes once the first stream is gone.
+/// about it keeps its place in the open backlog until the peer answers it, and an open that
+/// gives up its place in line passes it on: with a backlog of one, the open behind it goes
+/// once the first stream, gone, is answered.
 #[test]
-fn a_stream_gone_unacknowledged_and_an_open_gone_from_the_line_let_the_next_open_in() {
+fn a_stream_gone_unacknowledged_keeps_its_place_until_answered_and_an_open_gone_from_the_line_passes_it_on(
+) {
     use crate::frame::{Frame, Kind, GREETING_ID};
     let mut core = super::Core::new(
         crate::config::Role::Client,
@@ -476,7 +478,7 @@ fn a_stream_gone_unacknowledged_and_an_open_gone_from_the_line_let_the_next_open
     );
     core.frame(Frame::control(GREETING_ID, Kind::Keepalive))
         .expect("greeting");
-    let (first, _) = core.open();
+    let (first, first_id) = core.open();
     let mut open = |line: &mut Option<usize>| {
         core.inner
             .poll_open(Waker::noop(), &mut None, line, true, &mut Vec::new())
@@ -484,9 +486,18 @@ fn a_stream_gone_unacknowledged_and_an_open_gone_from_the_line_let_the_next_open
     let (mut second, mut third) = (None, None);
     assert!(open(&mut second).is_pending());
     assert!(open(&mut third).is_pending());
-    // The second open goes away, and the first stream with it.
+    // The second open goes away, and the first stream with it: unanswered, it holds its place.
     core.inner.open_line_gone(&mut second);
     core.inner.release(first, true, true);
+    let mut open = |line: &mut Option<usize>| {
+        core.inner
+            .poll_open(Waker::noop(), &mut None, line, true, &mut Vec::new())
+    };
+    assert!(open(&mut third).is_pending(), "the peer has not answered");
+    // The peer refuses it: the place is free, and the refusal is counted.
+    core.frame(Frame::control(first_id, Kind::CloseStream))
+        .expect("the refusal");
+    assert_eq!(core.inner.stats().refused_by_peer, 1);
     let opened = core
         .inner
         .poll_open(Waker::noop(), &mut None, &mut third, true, &mut Vec::new());
