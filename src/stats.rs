@@ -71,10 +71,12 @@ pub struct Stats {
     pub buffered: u64,
     /// …and at its highest so far.
     pub peak_buffered: u64,
-    /// Streams this side opened that the peer refused: closed (CloseStream) before it sent
-    /// anything for them, which is how a gomux peer with a full backlog answers (see
-    /// [`Stopped::Refused`](crate::stream::Stopped::Refused)). `streams_refused` counts the
-    /// refusals this side sent.
+    /// Streams this side opened that a peer of this crate refused: closed (CloseStream)
+    /// before it sent anything for them, which is how it answers when its backlog is full or
+    /// it drains, or left unacknowledged when it ended the session in order (its CloseMux; see
+    /// [`Stopped::Refused`](crate::stream::Stopped::Refused)). Streams whose handles were
+    /// dropped before the answer count too. `streams_refused` counts the refusals this side
+    /// sent.
     pub refused_by_peer: u64,
     /// Writes that found the stream's send window empty and waited for the peer's credit (a
     /// WindowUpdate): how often a window ran dry. A wait counts once however often its task is

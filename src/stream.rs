@@ -11,7 +11,14 @@
 //! - [`Stream::close`] closes both ways (CloseStream, kind 5) and waits until everything written
 //!   has reached the transport.
 //! - Dropping the stream (both halves, if split) closes it like `close` without waiting. Data
-//!   already written is queued ahead of the close, so nothing is lost.
+//!   already written is queued ahead of the close, so nothing is lost on this side. It can
+//!   still meet a refusal: a peer that drains or closes before its application accepts the
+//!   stream throws it away. Towards a peer of this crate the dropped stream keeps its place in
+//!   the open backlog until the peer answers, and a refusal is counted in
+//!   [`Stats::refused_by_peer`](crate::Stats::refused_by_peer) (and logged at WARN with the
+//!   `tracing` feature), but nobody is left to retry the request. To learn the answer, keep
+//!   the stream: `shutdown` it and read to the end (a refusal reads as
+//!   [`Error::Refused`](crate::Error::Refused)), or wait for [`Stream::stopped`].
 //! - Dropping only the [`OwnedWriteHalf`] shuts writing down, as `shutdown` does (as tokio's
 //!   `OwnedWriteHalf` does on drop); dropping only the [`OwnedReadHalf`] stops reading, as
 //!   [`Stream::close_read`] does, so a peer waiting for credit learns that nobody reads.
