@@ -30,6 +30,26 @@ use crate::error::{CodecError, InvalidFrame, ProtocolError};
 use crate::frame::{Frame, Header, Kind, HEADER_LEN, MAX_LENGTH_FIELD, MAX_PAYLOAD};
 
 /// Encoder and decoder of gomux frames.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use gomux::codec::FrameCodec;
+/// use gomux::frame::{Frame, Kind};
+/// use tokio_util::codec::{FramedRead, FramedWrite};
+/// use futures::{SinkExt, StreamExt};
+///
+/// // Frames over any byte pipe: here an in-memory one.
+/// let (a, b) = tokio::io::duplex(1024);
+/// let mut sink = FramedWrite::new(a, FrameCodec::new());
+/// let mut frames = FramedRead::new(b, FrameCodec::new());
+/// sink.send(Frame::control(2, Kind::OpenStream)).await?;
+/// sink.send(Frame::data(2, &b"hi"[..])).await?;
+/// assert_eq!(frames.next().await.expect("a frame")?.header.kind, Kind::OpenStream);
+/// assert_eq!(&frames.next().await.expect("a frame")?.payload[..], b"hi");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FrameCodec {
     /// At most the length field's 2^24 - 1, so 32 bits hold it (the codec lives in every
@@ -51,6 +71,15 @@ enum DecodeState {
 
 impl FrameCodec {
     /// A codec accepting Data payloads up to [`MAX_PAYLOAD`] (65536) bytes, the Go limit.
+    ///
+    /// ```
+    /// use tokio_util::codec::Decoder;
+    ///
+    /// let mut codec = gomux::codec::FrameCodec::new();
+    /// let mut wire = bytes::BytesMut::from(&[2, 0, 0, 0, 0, 0, 0][..]); // 7 of 8 header bytes
+    /// assert!(codec.decode(&mut wire)?.is_none()); // waits for the rest
+    /// # Ok::<(), gomux::CodecError>(())
+    /// ```
     pub fn new() -> FrameCodec {
         FrameCodec::with_max_payload(MAX_PAYLOAD)
     }
@@ -58,6 +87,15 @@ impl FrameCodec {
     /// A codec accepting Data payloads up to `max_payload` bytes (capped at the 24-bit field's
     /// 16,777,215). Setting a limit is what keeps a hostile peer from making the decoder reserve
     /// large buffers; do not raise it for input you do not trust.
+    ///
+    /// ```
+    /// use tokio_util::codec::Decoder;
+    ///
+    /// let mut codec = gomux::codec::FrameCodec::with_max_payload(1024);
+    /// // A Data header claiming 4096 bytes is refused before anything is reserved for it.
+    /// let mut wire = bytes::BytesMut::from(&[2, 0, 0, 0, 0x00, 0x10, 0, 0][..]);
+    /// assert!(matches!(codec.decode(&mut wire), Err(gomux::CodecError::Protocol(_))));
+    /// ```
     pub fn with_max_payload(max_payload: usize) -> FrameCodec {
         FrameCodec {
             max_payload: max_payload.min(MAX_LENGTH_FIELD as usize) as u32,
@@ -81,6 +119,11 @@ impl FrameCodec {
     }
 
     /// The largest Data payload this codec accepts.
+    ///
+    /// ```
+    /// assert_eq!(gomux::codec::FrameCodec::new().max_payload(), 65536);
+    /// assert_eq!(gomux::codec::FrameCodec::with_max_payload(usize::MAX).max_payload(), 0xff_ffff);
+    /// ```
     pub fn max_payload(&self) -> usize {
         self.max_payload as usize
     }

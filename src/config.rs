@@ -71,16 +71,15 @@ impl Role {
 ///   its read buffer (a partial frame keeps only its own bytes), its spares, its outgoing
 ///   queues and its pool of stream buffers; its next frame allocates them again, as a new
 ///   session's first one does (small frames are read on the stack and need none). What it
-///   keeps is its state: 1,692 bytes of heap for a session end with one stream that moved a
-///   message (`tests/idle_memory.rs`, `an_idle_session_end_gives_its_buffers_back`; `cargo
-///   test --test idle_memory -- --nocapture` prints it), and 2,030 bytes resident over
-///   loopback TCP (`cargo bench --bench idle_sessions`).
+///   keeps is its state (`tests/idle_memory.rs`, `an_idle_session_end_gives_its_buffers_back`,
+///   which bounds it; BENCHMARKS.md gives the resident figure beside Go gomux's).
 /// - **Outgoing frames**: the streams' send queues hold at most `write_buffer_size +
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
 ///   plus at most 40 bytes per stream (its OpenStream, window announcement and three closes); the batch being written holds at most
 ///   as much again (its size follows what the transport takes, from 8 KiB up); emptied queues
 ///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
-///   goes quiet. A direct write (see the crate docs) that the transport took only part of
+///   goes quiet. A direct write (see [`guide::streams`](crate::guide::streams)) that the
+///   transport took only part of
 ///   leaves at most its control frames and one frame (`max_payload + 8` bytes) for the driver,
 ///   in a buffer kept for reuse. The control queue (credit, refusals, keepalives)
 ///   holds at most `8 × (accept_backlog + 5 × max_streams)` bytes: reading stops while it is
@@ -93,12 +92,14 @@ impl Role {
 ///
 /// The defaults suit a Go peer and a busy server: Go's 64 KiB payload limit and initial window;
 /// windows that grow to 16 MiB so one stream fills a long fat link; 8192 streams and a backlog of
-/// 1024 so bursts of opens are accepted; a 1 MiB write buffer, which moved 10–23 % more than
-/// 256 KiB with 100 and more streams (BENCHMARK-HISTORY.md); a 30 s keepalive, well under common NAT
-/// and proxy idle timeouts. The idle and write-stall timeouts are off, because a Go peer sends
-/// a keepalive only every 10 minutes and stops reading the connection while its own accept
-/// queue is full: turn them on with values that fit the peer. [`Config::go_peer`] keeps the
-/// windows at 64 KiB, which makes a known deadlock of Go peers rarer (see its docs).
+/// 1024 so bursts of opens are accepted; a 1 MiB write buffer, so that many streams writing at
+/// once fill large transport writes; a 30 s keepalive, well under common NAT and proxy idle
+/// timeouts. The idle and write-stall timeouts are off, because a Go peer sends a keepalive
+/// only every 10 minutes and stops reading the connection while its own accept queue is full:
+/// turn them on with values that fit the peer. [`Config::go_peer`] keeps the windows at 64 KiB,
+/// which makes a known deadlock of Go peers rarer (see its docs).
+/// [`guide::memory_and_defaults`](crate::guide::memory_and_defaults) gives the reason for each
+/// default.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Shared by every clone, and so by every session made from one `Config` (and every session
@@ -186,20 +187,14 @@ impl Config {
     ///
     /// A Go writer that holds more credit than its session's write buffer (ten 64 KiB frames)
     /// waits for room in that buffer while holding its stream's lock, and a Go session that
-    /// ends meanwhile deadlocks (see the crate docs, "Talking to Go gomux"). With the windows
-    /// kept at 64 KiB, a Go writer never holds more than one window per stream. Measured with
-    /// one Go stream writing as fast as it could while the session was closed: the Go side
-    /// hung in 21 of 200 runs (closed by Go) and 8 of 200 (closed by this side) with the
-    /// defaults, in none of 200 each with these settings. It narrows the deadlock, it does not
-    /// remove it: with 16 Go streams writing, 36 of 100 and 7 of 100 runs still hung.
-    /// `cargo run --release --example go_faults -- --runs 200 --only a --streams 1 --hang-secs 2`
-    /// (add `--config go-peer` for these settings) runs the one-stream case again, one Go
-    /// process per run: 93 and 24 of 200 hung with the defaults, 1 and 0 of 200 with these
-    /// settings.
+    /// ends meanwhile deadlocks (see [`guide::talking_to_go`](crate::guide::talking_to_go), which
+    /// counts how often). With the windows kept at 64 KiB, a Go writer never holds more than one
+    /// window per stream. It narrows the deadlock, it does not remove it: with many Go streams
+    /// writing at once, their credit together still exceeds the Go write buffer.
     ///
-    /// The cost: a stream from the Go peer carries at most 64 KiB per round trip: over a link
-    /// with a 20 ms round trip, 3.2 MB/s per stream. Streams towards the Go peer are unaffected (its own windows are
-    /// 64 KiB whatever this side sets). Raising [`receive_window`](Config::receive_window) or
+    /// The cost: a stream from the Go peer carries at most 64 KiB per round trip (3.2 MB/s over
+    /// a link with a 20 ms round trip). Streams towards the Go peer are unaffected (its own
+    /// windows are 64 KiB whatever this side sets). Raising [`receive_window`](Config::receive_window) or
     /// `max_receive_window` afterwards gives the extra credit back.
     ///
     /// ```
@@ -215,6 +210,13 @@ impl Config {
     /// Data frame above it ends the session with
     /// [`ProtocolError::PayloadTooLarge`](crate::ProtocolError::PayloadTooLarge). Clamped to
     /// 1..=16,777,215.
+    ///
+    /// ```
+    /// // Between two peers of this crate only: a Go peer fails the session above 65536.
+    /// let config = gomux::Config::default().max_payload(256 * 1024);
+    /// assert_eq!(config.max_payload_setting(), 256 * 1024);
+    /// assert_eq!(gomux::Config::default().max_payload(0).max_payload_setting(), 1);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_payload(mut self, bytes: usize) -> Config {
         self.edit().max_payload = bytes.clamp(1, MAX_LENGTH_FIELD as usize);
@@ -227,6 +229,14 @@ impl Config {
     /// also the most a stream buffers for a reader that never reads (a window that has grown,
     /// see [`max_receive_window`](Config::max_receive_window), holds up to its new size).
     /// Clamped to 65536..=16,777,215.
+    ///
+    /// ```
+    /// // Each stream may carry 1 MiB per round trip from the start, and may buffer as much.
+    /// let config = gomux::Config::default().receive_window(1024 * 1024);
+    /// assert_eq!(config.receive_window_setting(), 1024 * 1024);
+    /// // Never below the protocol's initial window.
+    /// assert_eq!(gomux::Config::default().receive_window(1).receive_window_setting(), 65536);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window(mut self, bytes: u32) -> Config {
         self.edit().receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
@@ -240,6 +250,15 @@ impl Config {
     /// most 64 KiB per round trip: 3.2 MB/s at 20 ms. Set it to `receive_window` to keep windows
     /// fixed. Clamped to 65536..=16,777,215 (the largest credit one WindowUpdate carries), and
     /// never below `receive_window`.
+    ///
+    /// ```
+    /// // Windows fixed at the initial 64 KiB: at most 64 KiB buffered per unread stream.
+    /// let fixed = gomux::Config::default().max_receive_window(65536);
+    /// assert_eq!(fixed.max_receive_window_setting(), 65536);
+    /// // Never below `receive_window`.
+    /// let config = gomux::Config::default().receive_window(1 << 20).max_receive_window(65536);
+    /// assert_eq!(config.max_receive_window_setting(), 1 << 20);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_receive_window(mut self, bytes: u32) -> Config {
         self.edit().max_receive_window = bytes.clamp(INITIAL_WINDOW, MAX_LENGTH_FIELD);
@@ -249,6 +268,15 @@ impl Config {
     /// What all of a session's streams together may add to their windows by growing, default
     /// 64 MiB. It bounds the extra data a peer can make the session buffer; a stream gives its
     /// share back when it closes.
+    ///
+    /// ```
+    /// // Growth of all windows together bounded at 8 MiB: with 1000 streams of 64 KiB, the
+    /// // session buffers at most 1000 × 64 KiB + 8 MiB for readers that do not read.
+    /// let config = gomux::Config::default()
+    ///     .max_streams(1000)
+    ///     .receive_window_budget(8 * 1024 * 1024);
+    /// assert_eq!(config.receive_window_budget_setting(), 8 * 1024 * 1024);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn receive_window_budget(mut self, bytes: u64) -> Config {
         self.edit().receive_window_budget = bytes;
@@ -267,9 +295,8 @@ impl Config {
 
     /// End the session with [`Error::IdleTimeout`](crate::Error::IdleTimeout) when nothing at
     /// all is received for this long. Default `None` (off), because a Go peer sends a keepalive
-    /// only every 10 minutes; set it above the peer's keepalive interval. (An idle Go peer's
-    /// keepalives arrived every 600 s, to the second: 630 s kept such a session up for the
-    /// 72 minutes it was watched, 590 s ended it.) Counted in whole milliseconds (rounded up),
+    /// only every 10 minutes (600 s): set it above the peer's keepalive interval, above 600 s
+    /// for a Go peer. Counted in whole milliseconds (rounded up),
     /// at most 2^30 ms (about 12.4 days): a longer timeout is cut to that.
     #[must_use = "a setter returns the changed configuration"]
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Config {
@@ -292,6 +319,21 @@ impl Config {
     /// end-of-stream and its writes fail); the session keeps reading. A peer that opens streams in
     /// bursts larger than this, faster than the application accepts, needs a larger backlog.
     /// Queued streams count towards `max_streams`. At least 1.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let client = gomux::Session::client(a);
+    /// let config = gomux::Config::default().accept_backlog(2);
+    /// let server = gomux::Session::with_config(b, gomux::Role::Server, config);
+    /// let _queued = [client.open().await?, client.open().await?];
+    /// let third = client.open().await?; // the server's backlog is full: refused
+    /// assert_eq!(third.stopped().await?, gomux::stream::Stopped::Refused);
+    /// assert_eq!(server.stream_count(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn accept_backlog(mut self, streams: usize) -> Config {
         self.edit().accept_backlog = streams.max(1);
@@ -310,6 +352,23 @@ impl Config {
     /// A stream closed or dropped before its answer keeps its place (a record of its id, not
     /// the stream) until the peer accepts or refuses it, so write-and-drop cannot overrun the
     /// peer either. Clamped to 1..=2^30.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let config = gomux::Config::default().open_backlog(1);
+    /// let client = gomux::Session::with_config(a, gomux::Role::Client, config);
+    /// let server = gomux::Session::server(b);
+    /// let _first = client.open().await?;
+    /// // One stream unacknowledged: a second open waits (`try_open` says so at once) ...
+    /// assert!(matches!(client.try_open(), Err(gomux::Error::TooManyStreams)));
+    /// // ... until the server's application accepts the first.
+    /// let _accepted = server.accept().await?;
+    /// let _second = client.open().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn open_backlog(mut self, streams: usize) -> Config {
         self.edit().open_backlog = streams.clamp(1, MAX_STREAMS);
@@ -323,6 +382,14 @@ impl Config {
     /// beyond it is refused with CloseStream. With the receive window this bounds the data a
     /// session buffers (8192 × 64 KiB = 512 MiB at the defaults, plus the 64 MiB
     /// window-growth budget, reached only if no stream is read). Clamped to 1..=2^30.
+    ///
+    /// ```
+    /// // At most 100 streams of 64 KiB unread, plus a 4 MiB growth budget: about 10 MiB.
+    /// let config = gomux::Config::default()
+    ///     .max_streams(100)
+    ///     .receive_window_budget(4 * 1024 * 1024);
+    /// assert_eq!(config.max_streams_setting(), 100);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn max_streams(mut self, streams: usize) -> Config {
         self.edit().max_streams = streams.clamp(1, MAX_STREAMS);
@@ -336,10 +403,16 @@ impl Config {
     /// message never waits behind what other streams queued before it: at most behind one turn
     /// of each and the batch being written, whose size follows what the transport takes (up to
     /// this size on a fast link). Writers (and openers) waiting for room are let in oldest
-    /// first, as many as the room fits. With 100 and 1000 streams writing at once, 1 MiB moved
-    /// 10–23 % more over loopback TCP than 256 KiB (see BENCHMARK-HISTORY.md). Control frames
+    /// first, as many as the room fits. A larger buffer lets many streams writing at once fill
+    /// larger transport writes (BENCHMARK-HISTORY.md compares sizes). Control frames
     /// (window updates, refusals, keepalives) are not held back by it: they have a queue of
     /// their own, written ahead of the data at the start of every batch.
+    ///
+    /// ```
+    /// // A server holding many connections: 128 KiB queued per session at most.
+    /// let config = gomux::Config::default().write_buffer_size(128 * 1024);
+    /// assert_eq!(config.write_buffer_size_setting(), 128 * 1024);
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn write_buffer_size(mut self, bytes: usize) -> Config {
         self.edit().write_buffer_size = bytes.max(1);

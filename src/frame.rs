@@ -42,6 +42,13 @@ pub const GREETING_ID: u32 = u32::from_le_bytes(*b"gmux");
 ///
 /// The half-close kinds are named for what the **receiver** must do: a side that stops
 /// writing sends [`Kind::CloseRead`].
+///
+/// ```
+/// use gomux::frame::Kind;
+///
+/// assert_eq!(Kind::CloseRead as u8, 3);
+/// assert_eq!(Kind::from_u8(6), Some(Kind::WindowUpdate));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Kind {
@@ -65,6 +72,13 @@ pub enum Kind {
 
 impl Kind {
     /// The kind for a wire byte, or `None` for the undefined values `0x08..=0xff`.
+    ///
+    /// ```
+    /// use gomux::frame::Kind;
+    ///
+    /// assert_eq!(Kind::from_u8(0x02), Some(Kind::OpenStream));
+    /// assert_eq!(Kind::from_u8(0x08), None); // undefined: a protocol error on the wire
+    /// ```
     pub const fn from_u8(byte: u8) -> Option<Kind> {
         Some(match byte {
             0x00 => Kind::Data,
@@ -81,6 +95,13 @@ impl Kind {
 }
 
 /// A decoded frame header.
+///
+/// ```
+/// use gomux::frame::{Header, Kind};
+///
+/// let header = Header { id: 3, length: 512, kind: Kind::Data };
+/// assert_eq!(Header::from_bytes(header.to_bytes()), Ok(header));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Header {
     /// The stream the frame belongs to (0 for Keepalive and CloseMux).
@@ -94,6 +115,13 @@ pub struct Header {
 
 impl Header {
     /// A header with a zero length field.
+    ///
+    /// ```
+    /// use gomux::frame::{Header, Kind};
+    ///
+    /// let close = Header::new(5, Kind::CloseStream);
+    /// assert_eq!((close.id, close.length), (5, 0));
+    /// ```
     pub const fn new(id: u32, kind: Kind) -> Header {
         Header {
             id,
@@ -104,6 +132,13 @@ impl Header {
 
     /// The 8 wire bytes of this header. The length is truncated to 24 bits; callers that accept
     /// lengths from outside check [`MAX_LENGTH_FIELD`] first (the encoder does).
+    ///
+    /// ```
+    /// use gomux::frame::{Header, Kind};
+    ///
+    /// let header = Header { id: 1, length: 0x0102_03, kind: Kind::Data };
+    /// assert_eq!(header.to_bytes(), [1, 0, 0, 0, 0x03, 0x02, 0x01, 0]);
+    /// ```
     pub const fn to_bytes(self) -> [u8; HEADER_LEN] {
         let id = self.id.to_le_bytes();
         let len = self.length.to_le_bytes();
@@ -120,6 +155,15 @@ impl Header {
     }
 
     /// Parses 8 wire bytes. Fails only on an undefined kind, which it returns.
+    ///
+    /// ```
+    /// use gomux::frame::{Header, Kind};
+    ///
+    /// let header = Header::from_bytes([2, 0, 0, 0, 0, 0, 0, 5])?;
+    /// assert_eq!(header, Header::new(2, Kind::CloseStream));
+    /// assert_eq!(Header::from_bytes([0, 0, 0, 0, 0, 0, 0, 0x2a]), Err(0x2a));
+    /// # Ok::<(), u8>(())
+    /// ```
     pub const fn from_bytes(bytes: [u8; HEADER_LEN]) -> Result<Header, u8> {
         let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         let length = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], 0]);
@@ -134,6 +178,14 @@ impl Header {
 ///
 /// For a Data frame built with [`Frame::data`], `header.length == payload.len()`. The encoder
 /// rejects frames that break that rule or carry a payload on another kind.
+///
+/// ```
+/// use gomux::frame::{Frame, Kind};
+///
+/// let frame = Frame::data(2, &b"payload"[..]);
+/// assert_eq!(frame.header.kind, Kind::Data);
+/// assert_eq!(frame.header.length as usize, frame.payload.len());
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Frame {
     /// The frame header.
@@ -148,6 +200,11 @@ impl Frame {
     /// # Panics
     ///
     /// When `payload` is longer than [`MAX_LENGTH_FIELD`] bytes, which no header can describe.
+    ///
+    /// ```
+    /// let frame = gomux::frame::Frame::data(4, vec![0u8; 1000]);
+    /// assert_eq!(frame.header.length, 1000);
+    /// ```
     pub fn data(id: u32, payload: impl Into<Bytes>) -> Frame {
         let payload = payload.into();
         let length = u32::try_from(payload.len())
@@ -169,6 +226,12 @@ impl Frame {
     /// # Panics
     ///
     /// When `credit` exceeds [`MAX_LENGTH_FIELD`].
+    ///
+    /// ```
+    /// let frame = gomux::frame::Frame::window_update(4, 65536);
+    /// assert_eq!(frame.header.length, 65536);
+    /// assert!(frame.payload.is_empty());
+    /// ```
     pub fn window_update(id: u32, credit: u32) -> Frame {
         assert!(credit <= MAX_LENGTH_FIELD, "credit above the 24-bit field");
         Frame {
@@ -182,6 +245,13 @@ impl Frame {
     }
 
     /// A frame of any payload-less kind with a zero length field (OpenStream, CloseStream, …).
+    ///
+    /// ```
+    /// use gomux::frame::{Frame, Kind};
+    ///
+    /// let open = Frame::control(6, Kind::OpenStream);
+    /// assert_eq!(open.header.to_bytes(), [6, 0, 0, 0, 0, 0, 0, 2]);
+    /// ```
     pub fn control(id: u32, kind: Kind) -> Frame {
         Frame {
             header: Header::new(id, kind),

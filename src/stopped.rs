@@ -9,6 +9,25 @@
 /// back is reported as refused, and its reads and writes fail with
 /// [`Error::Refused`](crate::Error::Refused). A Go peer acknowledges nothing: a stream it
 /// closes unanswered may have been handled, and is reported as [`Stopped::Closed`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use gomux::stream::Stopped;
+///
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// let stream = client.open().await?;
+/// drop(server.accept().await?); // the server's application takes the stream, then closes it
+/// match stream.stopped().await? {
+///     Stopped::Closed => {}                   // the peer's application had it
+///     Stopped::ReadClosed => unreachable!(),  // it would still send
+///     Stopped::Refused => unreachable!(),     // it never reached the peer's application
+///     _ => unreachable!(),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Stopped {

@@ -18,7 +18,7 @@
 //!   [`Stats::refused_by_peer`](crate::Stats::refused_by_peer) (and logged at WARN with the
 //!   `tracing` feature), but nobody is left to retry the request. To learn the answer, keep
 //!   the stream: `shutdown` it and read to the end (a refusal reads as
-//!   [`Error::Refused`](crate::Error::Refused)), or wait for [`Stream::stopped`].
+//!   [`Error::Refused`]), or wait for [`Stream::stopped`].
 //! - Dropping only the [`OwnedWriteHalf`] shuts writing down, as `shutdown` does (as tokio's
 //!   `OwnedWriteHalf` does on drop); dropping only the [`OwnedReadHalf`] stops reading, as
 //!   [`Stream::close_read`] does, so a peer waiting for credit learns that nobody reads.
@@ -73,23 +73,99 @@ use crate::session::direct::DirectWrite;
 ///
 /// Reading and writing from two tasks at once works with [`Stream::into_split`] (or
 /// [`tokio::io::split`](https://docs.rs/tokio/1/tokio/io/fn.split.html)). See the [module docs](crate::stream) for closing and cancel safety.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let mut request = client.open().await?;
+/// request.write_all(b"get /").await?;
+/// request.shutdown().await?; // end of the request; the answer can still be read
+///
+/// let mut inbound = server.accept().await?;
+/// let mut text = String::new();
+/// inbound.read_to_string(&mut text).await?;
+/// inbound.write_all(text.to_uppercase().as_bytes()).await?;
+/// drop(inbound); // closes it, after the queued answer
+///
+/// let mut answer = String::new();
+/// request.read_to_string(&mut answer).await?;
+/// assert_eq!(answer, "GET /");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Stream {
     handle: Handle,
 }
 
 /// The reading half of a [`Stream`], from [`Stream::into_split`]; [`reunite`](OwnedReadHalf::reunite)
 /// puts the halves back together.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// use tokio::io::AsyncReadExt;
+///
+/// let (mut reader, writer) = client.open().await?.into_split();
+/// drop(writer); // the peer reads end-of-stream; this half still reads
+/// let mut inbound = server.accept().await?;
+/// tokio::io::AsyncWriteExt::write_all(&mut inbound, b"reply").await?;
+/// drop(inbound);
+/// let mut reply = Vec::new();
+/// reader.read_to_end(&mut reply).await?;
+/// assert_eq!(reply, b"reply");
+/// # Ok(())
+/// # }
+/// ```
 pub struct OwnedReadHalf {
     handle: Handle,
 }
 
 /// The writing half of a [`Stream`], from [`Stream::into_split`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let (reader, mut writer) = client.open().await?.into_split();
+/// drop(reader); // the peer's writes now fail; this half still writes
+/// writer.write_all(b"one way").await?;
+/// writer.close().await?; // shut down, and wait until it is written
+/// let mut inbound = server.accept().await?;
+/// let mut text = String::new();
+/// inbound.read_to_string(&mut text).await?;
+/// assert_eq!(text, "one way");
+/// # Ok(())
+/// # }
+/// ```
 pub struct OwnedWriteHalf {
     handle: Handle,
 }
 
 /// The halves given to [`OwnedReadHalf::reunite`] were not of the same stream; here they are
 /// back.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (a, b) = tokio::io::duplex(64 * 1024);
+/// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+/// let (read_one, _write_one) = client.open().await?.into_split();
+/// let (_read_two, write_two) = client.open().await?.into_split();
+/// let error = read_one.reunite(write_two).unwrap_err();
+/// let gomux::stream::ReuniteError(read_one, _write_two) = error; // both halves come back
+/// assert_eq!(read_one.id(), 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ReuniteError(pub OwnedReadHalf, pub OwnedWriteHalf);
 
@@ -298,11 +374,46 @@ impl Stream {
     }
 
     /// The stream's id on the wire (even when the client opened it, odd for the server).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let first = client.open().await?;
+    /// let second = client.open().await?;
+    /// assert_eq!((first.id(), second.id()), (0, 2)); // the client's ids are even
+    /// assert_eq!(server.accept().await?.id(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn id(&self) -> u32 {
         self.handle.id
     }
 
     /// Bytes received and not yet read.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(b"12345").await?;
+    /// stream.shutdown().await?;
+    /// let mut inbound = server.accept().await?;
+    /// while inbound.buffered() < 5 {
+    ///     tokio::task::yield_now().await; // until the driver has read it
+    /// }
+    /// assert_eq!(inbound.buffered(), 5);
+    /// let mut two = [0; 2];
+    /// inbound.read_exact(&mut two).await?;
+    /// assert_eq!(inbound.buffered(), 3);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn buffered(&self) -> usize {
         self.handle.buffered()
     }
@@ -332,6 +443,19 @@ impl Stream {
     }
 
     /// The priority set with [`Stream::set_priority`] (0 unless changed).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let stream = client.open().await?;
+    /// assert_eq!(stream.priority(), 0);
+    /// stream.set_priority(-5); // sends only when no stream above it has anything to send
+    /// assert_eq!(stream.priority(), -5);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn priority(&self) -> i32 {
         self.handle.priority()
     }
@@ -340,6 +464,22 @@ impl Stream {
     /// it has queued and buffered, its receive window (see [`StreamStats`]).
     ///
     /// [`StreamStats`]: crate::StreamStats
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(&[0; 1000]).await?;
+    /// let stats = stream.stats();
+    /// println!("{stats:?}");
+    /// # drop(server);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> crate::StreamStats {
         self.handle.stats()
     }
@@ -378,6 +518,21 @@ impl Stream {
     }
 
     /// How the peer stopped taking data on this stream, if it has (see [`Stream::stopped`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let stream = client.open().await?;
+    /// assert_eq!(stream.peer_stopped(), None);
+    /// let mut inbound = server.accept().await?;
+    /// inbound.close_read();
+    /// stream.stopped().await?;
+    /// assert_eq!(stream.peer_stopped(), Some(gomux::stream::Stopped::ReadClosed));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_stopped(&self) -> Option<Stopped> {
         self.handle.peer_stopped()
     }
@@ -498,6 +653,29 @@ impl Stream {
     ///
     /// As [`AsyncWrite`] writes (see the [module docs](crate::stream)), as the crate's
     /// [`Error`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use bytes::Bytes;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// let reading = tokio::spawn(async move {
+    ///     let mut received = Vec::new();
+    ///     server.accept().await?.read_to_end(&mut received).await?;
+    ///     std::io::Result::Ok(received)
+    /// });
+    /// let mut stream = client.open().await?;
+    /// // More than the initial window: it goes out as the reader returns credit.
+    /// let payload = Bytes::from(vec![7u8; 100_000]);
+    /// stream.write_chunk(payload.clone()).await?;
+    /// stream.shutdown().await?;
+    /// assert_eq!(reading.await??, payload);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn write_chunk(&mut self, chunk: Bytes) -> Result<(), Error> {
         self.handle.write_chunks(&mut [chunk]).await
     }
@@ -511,6 +689,26 @@ impl Stream {
     /// # Errors
     ///
     /// As [`write_chunk`](Stream::write_chunk); `chunks` then shows what was not queued.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use bytes::Bytes;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// let mut stream = client.open().await?;
+    /// let mut parts = [Bytes::from_static(b"header;"), Bytes::from(vec![b'x'; 8192])];
+    /// stream.write_chunks(&mut parts).await?;
+    /// assert!(parts.iter().all(|part| part.is_empty())); // each advanced past what was queued
+    /// stream.shutdown().await?;
+    /// let mut received = Vec::new();
+    /// server.accept().await?.read_to_end(&mut received).await?;
+    /// assert_eq!(received.len(), 7 + 8192);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), Error> {
         self.handle.write_chunks(chunks).await
     }
@@ -562,21 +760,74 @@ impl Stream {
 
 impl OwnedReadHalf {
     /// The stream's id on the wire.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (reader, writer) = client.open().await?.into_split();
+    /// assert_eq!(reader.id(), writer.id());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn id(&self) -> u32 {
         self.handle.id
     }
 
     /// A snapshot of the stream's figures, as [`Stream::stats`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (reader, _writer) = client.open().await?.into_split();
+    /// assert_eq!(reader.stats().buffered, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> crate::StreamStats {
         self.handle.stats()
     }
 
     /// Stops reading, as [`Stream::close_read`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (mut reader, _writer) = client.open().await?.into_split();
+    /// reader.close_read(); // the peer's writes fail from now on
+    /// let inbound = server.accept().await?;
+    /// assert_eq!(inbound.stopped().await?, gomux::stream::Stopped::ReadClosed);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn close_read(&mut self) {
         self.handle.with_driver(|inner, key| inner.close_read(key));
     }
 
     /// Bytes received and not yet read, as [`Stream::buffered`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// let (reader, _writer) = client.open().await?.into_split();
+    /// let mut inbound = server.accept().await?;
+    /// inbound.write_all(b"abc").await?;
+    /// while reader.buffered() < 3 {
+    ///     tokio::task::yield_now().await; // until the driver has read it
+    /// }
+    /// assert_eq!(reader.buffered(), 3);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn buffered(&self) -> usize {
         self.handle.buffered()
     }
@@ -587,6 +838,20 @@ impl OwnedReadHalf {
     /// # Errors
     ///
     /// [`ReuniteError`], holding both halves, when they are not of the same stream.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let stream = client.open().await?;
+    /// let id = stream.id();
+    /// let (reader, writer) = stream.into_split();
+    /// let stream = reader.reunite(writer)?;
+    /// assert_eq!(stream.id(), id);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reunite(mut self, mut other: OwnedWriteHalf) -> Result<Stream, ReuniteError> {
         let same = Arc::ptr_eq(&self.handle.shared, &other.handle.shared)
             && self.handle.key == other.handle.key;
@@ -612,6 +877,23 @@ impl OwnedReadHalf {
     /// # Errors
     ///
     /// As [`Stream::read_chunk`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// let (mut reader, _writer) = client.open().await?.into_split();
+    /// let mut inbound = server.accept().await?;
+    /// inbound.write_all(b"chunk").await?;
+    /// inbound.shutdown().await?;
+    /// assert_eq!(reader.read_chunk(1024).await?.as_deref(), Some(&b"chunk"[..]));
+    /// assert_eq!(reader.read_chunk(1024).await?, None); // end of stream
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, Error> {
         self.handle.read_chunk(max).await
     }
@@ -619,21 +901,66 @@ impl OwnedReadHalf {
 
 impl OwnedWriteHalf {
     /// The stream's id on the wire.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// assert_eq!(writer.id(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn id(&self) -> u32 {
         self.handle.id
     }
 
     /// Sets the priority of what this half sends, as [`Stream::set_priority`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// writer.set_priority(3);
+    /// assert_eq!(writer.priority(), 3);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_priority(&self, priority: i32) {
         self.handle.set_priority(priority);
     }
 
     /// The priority set with [`OwnedWriteHalf::set_priority`] (0 unless changed).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// assert_eq!(writer.priority(), 0); // every stream starts at 0
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn priority(&self) -> i32 {
         self.handle.priority()
     }
 
     /// A snapshot of the stream's figures, as [`Stream::stats`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// println!("{:?}", writer.stats());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> crate::StreamStats {
         self.handle.stats()
     }
@@ -646,6 +973,28 @@ impl OwnedWriteHalf {
     /// # Errors
     ///
     /// As [`Stream::close`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// let (mut reader, mut writer) = client.open().await?.into_split();
+    /// writer.write_all(b"question").await?;
+    /// writer.close().await?; // end-of-stream is on the transport
+    /// let mut inbound = server.accept().await?;
+    /// let mut question = String::new();
+    /// inbound.read_to_string(&mut question).await?;
+    /// inbound.write_all(b"answer").await?;
+    /// inbound.shutdown().await?;
+    /// let mut answer = String::new();
+    /// reader.read_to_string(&mut answer).await?; // the read half reads on
+    /// assert_eq!((question.as_str(), answer.as_str()), ("question", "answer"));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn close(&mut self) -> Result<(), Error> {
         self.handle.close_with(Inner::shutdown).await
     }
@@ -655,11 +1004,34 @@ impl OwnedWriteHalf {
     /// # Errors
     ///
     /// As [`Stream::stopped`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// drop(server.accept().await?); // the peer closes the stream
+    /// assert_eq!(writer.stopped().await?, gomux::stream::Stopped::Closed);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn stopped(&self) -> Result<Stopped, Error> {
         self.handle.stopped().await
     }
 
     /// How the peer stopped taking data, if it has, as [`Stream::peer_stopped`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, writer) = client.open().await?.into_split();
+    /// assert_eq!(writer.peer_stopped(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_stopped(&self) -> Option<Stopped> {
         self.handle.peer_stopped()
     }
@@ -669,6 +1041,17 @@ impl OwnedWriteHalf {
     /// # Errors
     ///
     /// As [`Stream::write_chunk`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let (_reader, mut writer) = client.open().await?.into_split();
+    /// writer.write_chunk(bytes::Bytes::from_static(b"no copy")).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn write_chunk(&mut self, chunk: Bytes) -> Result<(), Error> {
         self.handle.write_chunks(&mut [chunk]).await
     }
@@ -678,6 +1061,21 @@ impl OwnedWriteHalf {
     /// # Errors
     ///
     /// As [`Stream::write_chunks`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// use bytes::Bytes;
+    ///
+    /// let (_reader, mut writer) = client.open().await?.into_split();
+    /// let mut parts = [Bytes::from_static(b"a"), Bytes::from_static(b"b")];
+    /// writer.write_chunks(&mut parts).await?;
+    /// assert!(parts.iter().all(|part| part.is_empty()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), Error> {
         self.handle.write_chunks(chunks).await
     }

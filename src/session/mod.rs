@@ -121,6 +121,25 @@ impl Session {
     /// # Panics
     ///
     /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::net::{TcpListener, TcpStream};
+    ///
+    /// # let listener = TcpListener::bind("127.0.0.1:0").await?;
+    /// # let addr = listener.local_addr()?;
+    /// # tokio::spawn(async move { let (socket, _) = listener.accept().await?; let s = gomux::Session::server(socket); s.closed().await; std::io::Result::Ok(()) });
+    /// let socket = TcpStream::connect(addr).await?;
+    /// socket.set_nodelay(true)?; // small frames must not wait for Nagle's algorithm
+    /// let session = gomux::Session::client(socket);
+    /// let stream = session.open().await?;
+    /// assert_eq!(stream.id() % 2, 0); // a client opens even ids
+    /// # drop(stream);
+    /// # session.close().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn client<T>(io: T) -> Session
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -133,6 +152,24 @@ impl Session {
     /// # Panics
     ///
     /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::net::{TcpListener, TcpStream};
+    ///
+    /// let listener = TcpListener::bind("127.0.0.1:0").await?;
+    /// # let addr = listener.local_addr()?;
+    /// # tokio::spawn(async move { let socket = TcpStream::connect(addr).await?; let c = gomux::Session::client(socket); let _s = c.open().await; c.closed().await; std::io::Result::Ok(()) });
+    /// let (socket, _) = listener.accept().await?;
+    /// socket.set_nodelay(true)?;
+    /// let session = gomux::Session::server(socket);
+    /// let stream = session.accept().await?;
+    /// assert_eq!(stream.id() % 2, 0); // opened by the client
+    /// # session.close().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn server<T>(io: T) -> Session
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -146,6 +183,22 @@ impl Session {
     /// # Panics
     ///
     /// Outside a tokio runtime (as [`tokio::spawn`] does).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    ///
+    /// let (a, b) = tokio::io::duplex(64 * 1024);
+    /// let config = gomux::Config::default()
+    ///     .max_streams(1024)
+    ///     .idle_timeout(Some(Duration::from_secs(120)));
+    /// let server = gomux::Session::with_config(a, gomux::Role::Server, config);
+    /// let client = gomux::Session::client(b);
+    /// assert_eq!(server.role(), gomux::Role::Server);
+    /// # drop(client);
+    /// # }
+    /// ```
     pub fn with_config<T>(io: T, role: Role, config: Config) -> Session
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -206,6 +259,23 @@ impl Session {
     /// An open that fails has written no frame of the stream, so every error of `open` and
     /// [`try_open`](Session::try_open) is safe to retry ([`Error::is_retry_safe`]), on
     /// another session if this one is over.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(b"request").await?;
+    /// // Bounded: an open towards a peer that stops accepting waits, at most 5 s here.
+    /// let second = tokio::time::timeout(Duration::from_secs(5), client.open()).await??;
+    /// # drop((stream, second, server));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn open(&self) -> Result<Stream, Error> {
         let mut room = Waiting::new(&self.shared, Inner::opener_gone);
         let mut line = Waiting::new(&self.shared, Inner::open_line_gone);
@@ -277,6 +347,36 @@ impl Session {
     /// # Errors
     ///
     /// The error that ended the session, once no queued stream is left.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// # let mut request = client.open().await?;
+    /// # request.write_all(b"ping").await?;
+    /// # request.shutdown().await?;
+    /// // One task per stream; the accept loop ends with the session.
+    /// let serving = tokio::spawn(async move {
+    ///     while let Ok(mut stream) = server.accept().await {
+    ///         tokio::spawn(async move {
+    ///             let mut request = Vec::new();
+    ///             stream.read_to_end(&mut request).await?;
+    ///             stream.write_all(b"pong").await?;
+    ///             stream.shutdown().await
+    ///         });
+    ///     }
+    /// });
+    /// # let mut reply = Vec::new();
+    /// # request.read_to_end(&mut reply).await?;
+    /// # assert_eq!(reply, b"pong");
+    /// # client.close().await?;
+    /// # serving.await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn accept(&self) -> Result<Stream, Error> {
         let mut waiting = Waiting::new(&self.shared, Inner::accept_waiter_gone);
         poll_fn(|cx| self.poll_accept(cx, &mut waiting.slot)).await
@@ -343,6 +443,29 @@ impl Session {
     ///
     /// When the session had already ended with an error, that error; when the transport failed
     /// (or did not take the final writes within the close timeout), the transport error.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(b"flushed before CloseMux").await?;
+    /// stream.shutdown().await?;
+    /// client.close().await?;
+    /// assert!(matches!(client.close_reason(), Some(gomux::Error::ClosedLocally)));
+    ///
+    /// // The peer still reads what was sent; then its session has ended.
+    /// let mut inbound = server.accept().await?;
+    /// let mut text = String::new();
+    /// inbound.read_to_string(&mut text).await?;
+    /// assert_eq!(text, "flushed before CloseMux");
+    /// assert!(matches!(server.closed().await, gomux::Error::ClosedByPeer));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn close(&self) -> Result<(), Error> {
         self.shared.with_driver(|inner, wakers| inner.close(wakers));
         self.finished().await;
@@ -556,11 +679,36 @@ impl Session {
     }
 
     /// Why the session ended, or `None` while it is running.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// assert!(client.close_reason().is_none());
+    /// client.close().await?;
+    /// assert!(matches!(client.close_reason(), Some(gomux::Error::ClosedLocally)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn close_reason(&self) -> Option<Error> {
         self.shared.lock().end_reason().cloned()
     }
 
     /// Whether the session has ended (its driver may still be closing the transport).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// client.close().await?;
+    /// assert!(client.is_closed());
+    /// server.closed().await; // the peer learns it from the CloseMux
+    /// assert!(server.is_closed());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_closed(&self) -> bool {
         self.shared.lock().end_reason().is_some()
     }
@@ -574,12 +722,40 @@ impl Session {
     /// counts the streams that have state, handles included: a finished stream whose handle is
     /// kept counts here, though it no longer holds a [`graceful_close`](Session::graceful_close)
     /// or [`wait_idle`](Session::wait_idle).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let stream = client.open().await?;
+    /// assert_eq!(client.stream_count(), 1);
+    /// # drop(stream);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stream_count(&self) -> usize {
         self.shared.lock().stream_count()
     }
 
     /// A snapshot of the session's counters: bytes and frames each way, streams, keepalives,
     /// buffered data. See [`Stats`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// # let (a, b) = tokio::io::duplex(64 * 1024);
+    /// # let (client, _server) = (gomux::Session::client(a), gomux::Session::server(b));
+    /// let mut stream = client.open().await?;
+    /// stream.write_all(&[0; 1000]).await?;
+    /// let stats = client.stats();
+    /// assert_eq!(stats.streams_opened, 1);
+    /// println!("{stats:?}");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> Stats {
         self.shared.lock().stats()
     }

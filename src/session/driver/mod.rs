@@ -50,6 +50,21 @@ use crate::session::read_buf::ReadBuffer;
 /// Resolves when the session has ended and the transport is closed: `Ok(())` after a graceful
 /// close by either side, otherwise the error that ended it. Dropping it ends the session: every
 /// stream operation then fails with [`Error::ClosedLocally`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // A session whose driver runs where you choose: here, in a task of a `JoinSet`.
+/// let (io, peer) = tokio::io::duplex(64 * 1024);
+/// let (session, connection) = gomux::Session::new(io, gomux::Role::Client, gomux::Config::default());
+/// let _server = gomux::Session::server(peer);
+/// let mut tasks = tokio::task::JoinSet::new();
+/// tasks.spawn(connection);
+/// session.close().await?;
+/// assert!(tasks.join_next().await.expect("the driver")?.is_ok());
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a session does nothing unless its connection is polled (spawn it)"]
 pub struct Connection<T> {
     io: T,
@@ -174,6 +189,12 @@ where
     }
 
     /// The transport.
+    ///
+    /// ```
+    /// let (io, _peer) = tokio::io::duplex(1024);
+    /// let (_session, connection) = gomux::Session::new(io, gomux::Role::Client, gomux::Config::default());
+    /// let _transport: &tokio::io::DuplexStream = connection.get_ref();
+    /// ```
     pub fn get_ref(&self) -> &T {
         &self.io
     }
