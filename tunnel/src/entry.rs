@@ -3,18 +3,25 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use gomux::{Error, Pool, PooledSession, Session, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
-use crate::config::mux_config;
+use crate::admission::{Admission, Ticket};
+use crate::config::{
+    mux_config, DEFAULT_EXIT_WAIT, SILENT_CLIENTS, SILENT_GRACE, SILENT_PER_CLIENT,
+};
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, carry};
 use crate::socks_watch::Watched;
 
@@ -25,8 +32,12 @@ pub struct EntryOptions {
     pub redial: Redial,
     /// How many connections the entry keeps to the exit when it dials it (`--connections`).
     pub connections: usize,
-    /// How long a new client waits for a connection to the exit before it is turned away.
+    /// How long a new client waits for a connection to the exit before it is turned away
+    /// (`--exit-wait`; zero turns it away at once).
     pub client_wait: Duration,
+    /// Whether the clients speak SOCKS5 to the exit (`entry --socks`): a client turned away
+    /// gets a SOCKS5 failure reply rather than a silent close.
+    pub socks: bool,
 }
 
 impl Default for EntryOptions {
@@ -34,7 +45,8 @@ impl Default for EntryOptions {
         EntryOptions {
             redial: Redial::default(),
             connections: 1,
-            client_wait: Duration::from_secs(10),
+            client_wait: DEFAULT_EXIT_WAIT,
+            socks: false,
         }
     }
 }
@@ -93,6 +105,7 @@ pub async fn run_entry(
                     listener,
                     "exit",
                     meeting,
+                    None,
                     shutdown.clone(),
                     work.clone(),
                     move |number, session| {
@@ -121,14 +134,33 @@ pub async fn run_entry(
     };
     let _connections = AbortOnDrop(connections);
 
+    // Places for the clients that are still silent, per address (see `Silent`).
+    let silent = Admission::new(SILENT_CLIENTS, SILENT_PER_CLIENT, SILENT_GRACE);
+    let refusals = Refusals::default();
+    let mut summaries = tokio::time::interval(PERIOD);
     let mut count = 0u64;
     loop {
         let (socket, peer) = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => break,
+            _ = summaries.tick() => {
+                refusals.summarise("silent clients closed");
+                continue;
+            }
             accepted = accept(&clients) => accepted,
         };
         count += 1;
+        let (ticket, evicted) = silent.admit(peer, false);
+        if let Some(evicted) = evicted {
+            if refusals.log_one(evicted.peer.ip()) {
+                warn!(
+                    peer = %evicted.peer,
+                    silent_for = ?evicted.held,
+                    per_address = SILENT_PER_CLIENT,
+                    "too many silent connections from this client address; closing the oldest"
+                );
+            }
+        }
 
         // Every log line about this client carries its number and address; the session and
         // stream ids are filled in once they are known.
@@ -140,7 +172,12 @@ pub async fn run_entry(
             stream = tracing::field::Empty,
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
-        let client = serve_client(socket, exits.clone(), options.client_wait, shutdown.clone());
+        let client = serve_client(
+            Silent::new(socket, ticket),
+            exits.clone(),
+            options.client_wait,
+            shutdown.clone(),
+        );
         tokio::spawn(tracked(work.relays.track(), client).instrument(span));
     }
     // Clients that connect from now on are refused.
@@ -252,7 +289,15 @@ impl Dialled {
                     debug!("shutting down; turning the client away");
                     return None;
                 }
-                opened = tokio::time::timeout_at(deadline, self.pool.open_with_session()) => opened,
+                // The wait is for a connection to be had: one that is up is used whatever
+                // the wait (even none).
+                opened = async {
+                    if self.pool.live() > 0 {
+                        Ok(self.pool.open_with_session().await)
+                    } else {
+                        tokio::time::timeout_at(deadline, self.pool.open_with_session()).await
+                    }
+                } => opened,
             };
             let error = match opened {
                 Ok(Ok((stream, pooled))) => {
@@ -358,8 +403,24 @@ async fn carry_clients(
     reason
 }
 
-/// Forwards one client connection through a gomux connection to the exit.
-async fn serve_client(client: TcpStream, exits: Exits, wait: Duration, shutdown: Shutdown) {
+/// Forwards one client connection through a gomux connection to the exit; closes it at
+/// once if it loses its place while it is still silent.
+async fn serve_client(client: Silent<TcpStream>, exits: Exits, wait: Duration, shutdown: Shutdown) {
+    let evicted = client.evicted.clone();
+    tokio::select! {
+        biased;
+        // Logged by the accept loop; nothing was sent either way, so nothing is lost.
+        () = evicted.cancelled() => {}
+        () = forward_client(client, exits, wait, shutdown) => {}
+    }
+}
+
+async fn forward_client(
+    client: Silent<TcpStream>,
+    exits: Exits,
+    wait: Duration,
+    shutdown: Shutdown,
+) {
     let opened = match exits {
         Exits::Dialled(dialled) => dialled.open(wait).await,
         Exits::Latest(links) => open_on_latest(links, wait, &shutdown).await,
@@ -417,5 +478,65 @@ async fn open_on_latest(
                 return None;
             }
         }
+    }
+}
+
+/// A client connection that holds a place among the silent ones until a byte passes either
+/// way: a connection that has spoken, or been spoken to, is no longer a stranger's idle
+/// socket (a server that speaks first, as SMTP or MySQL, makes a pooled connection so at
+/// once).
+struct Silent<T> {
+    io: T,
+    ticket: Option<Ticket>,
+    /// Cancelled if the place is taken from it while it is silent.
+    evicted: CancellationToken,
+}
+
+impl<T> Silent<T> {
+    fn new(io: T, ticket: Ticket) -> Silent<T> {
+        Silent {
+            io,
+            evicted: ticket.evicted.clone(),
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Silent<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.ticket = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Silent<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.io).poll_write(cx, data))?;
+        if n > 0 {
+            this.ticket = None;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

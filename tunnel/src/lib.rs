@@ -60,12 +60,15 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
 pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod drain;
 pub mod entry;
 pub mod exit;
+pub mod logging;
+mod refusals;
 pub mod relay;
 pub mod security;
 pub mod socks;

@@ -53,6 +53,12 @@ impl Drop for Scratch {
     }
 }
 
+/// Makes a file readable by its owner only, as the tool asks of a password file.
+fn private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
+
 /// Runs `gomux-tunnel keygen --out DIR` and returns the fingerprint it printed, checking it
 /// against `gomux-tunnel fingerprint --key DIR`.
 async fn keygen(dir: &Path) -> String {
@@ -248,6 +254,7 @@ async fn bad_input_is_refused_logged_once_and_costs_a_running_transfer_nothing()
     let entry_fp = keygen(&scratch.path("entry")).await;
     let exit_fp = keygen(&scratch.path("exit")).await;
     std::fs::write(scratch.path("password"), "sesame\n").expect("password file");
+    private(&scratch.path("password"));
     let echo = echo_server().await;
     let forbidden = echo_server().await;
     let (key_entry, key_exit) = (scratch.path("entry"), scratch.path("exit"));
@@ -529,7 +536,7 @@ async fn ends_with_mismatched_pins_carry_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handshakes_beyond_the_limit_are_refused_at_once() {
+async fn a_newcomer_beyond_the_handshake_limit_takes_the_oldest_silent_place() {
     let scratch = Scratch::new("limit");
     let entry_fp = keygen(&scratch.path("entry")).await;
     let key_exit = scratch.path("exit");
@@ -557,37 +564,30 @@ async fn handshakes_beyond_the_limit_are_refused_at_once() {
     let exit_addr = exit.addr("entries");
 
     // Two silent connections hold both places...
-    let mut silent = Vec::new();
-    for _ in 0..2 {
-        let socket = TcpStream::connect(exit_addr).await.expect("connect");
-        silent.push(socket);
-    }
-    // ... so a third is closed at once, long before the handshake timeout.
     let started = Instant::now();
-    let mut third = TcpStream::connect(exit_addr).await.expect("connect");
-    let third_addr = third.local_addr().expect("address").to_string();
-    assert!(closed_by_peer(&mut third).await);
+    let mut first = TcpStream::connect(exit_addr).await.expect("connect");
+    let first_addr = first.local_addr().expect("address").to_string();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut second = TcpStream::connect(exit_addr).await.expect("connect");
+    let second_addr = second.local_addr().expect("address").to_string();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ... so a newcomer takes the oldest one's, which is closed at once.
+    let _third = TcpStream::connect(exit_addr).await.expect("connect");
+    assert!(closed_by_peer(&mut first).await);
     assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "refused at once: {:?}",
+        started.elapsed() < Duration::from_millis(1500),
+        "closed for the newcomer, not at the first-bytes timeout: {:?}",
         started.elapsed()
     );
-    exit.await_log(&["too many handshakes", &third_addr], true)
+    exit.await_log(&["to make room for a newcomer", &first_addr], true)
         .await;
-
-    // Once one gives up, its place is free again: a newcomer waits for its handshake.
-    drop(silent.pop());
-    let mut newcomer = within("a place to free up", async {
-        loop {
-            let mut socket = TcpStream::connect(exit_addr).await.expect("connect");
-            let mut byte = [0; 1];
-            // Still open after a moment: it holds a place and waits for its handshake.
-            match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut byte)).await {
-                Err(_) => return socket,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    })
-    .await;
-    let _ = newcomer.write_all(&[0x16]).await;
+    // The others, silent, are closed at the first-bytes timeout, long before the handshake
+    // timeout.
+    assert!(closed_by_peer(&mut second).await);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(30),
+        "closed at the first-bytes timeout: {waited:?}"
+    );
+    exit.await_log(&["nothing sent", &second_addr], true).await;
 }
