@@ -2,14 +2,16 @@
 //! addresses they come from.
 //!
 //! A stranger can open connections and send nothing (slowloris). Refusing newcomers once the
-//! places are full would hand the port to whoever opened connections first; here a newcomer is
-//! always let in, and the place it needs is taken from the connection least likely to be
-//! anyone's real one: one that has not sent a byte before one that has, one from the address
-//! holding the most places before others, and the oldest among those. Each address also has
-//! its own limit, beyond which its own oldest place goes. So a stranger, from one address or
-//! from many, holds no place for longer than the next newcomers leave it, and a real peer,
-//! which speaks at once and finishes in milliseconds, gets through however many places the
-//! stranger keeps reopening.
+//! places are full would hand the port to whoever opened connections first; here a newcomer
+//! takes the place of the connection least likely to be anyone's real one: one that has not
+//! sent a byte before one that has, one from the address holding the most places before
+//! others, and the oldest among those. Each address also has its own limit, beyond which its
+//! own oldest place goes. A place can be taken only once its connection has been looked at
+//! (a newcomer's first bytes may be on their way while the listener accepts others) and, where
+//! there is a grace, once it is that old; when no place can be taken, the newcomer is let in
+//! beyond the limits, up to a hard bound past which it is refused. So a stranger, from one
+//! address or from many, holds no place for long, and a real peer, which speaks at once and
+//! finishes in milliseconds, gets through however many places the stranger keeps reopening.
 //!
 //! Used for the handshakes at the exposed listeners (`exit --listen`, `entry --accept-exit`)
 //! and for the entry's client connections that are still silent.
@@ -21,6 +23,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+/// How long a connection that has spoken is safe from newcomers, even at the hard bound:
+/// far longer than a real peer's handshake takes.
+const TALKING_GRACE: Duration = Duration::from_secs(1);
+
 /// The places, and how many there are.
 #[derive(Clone)]
 pub(crate) struct Admission {
@@ -29,9 +35,11 @@ pub(crate) struct Admission {
     total: usize,
     /// The most places one address holds.
     per_source: usize,
-    /// How long a place is safe from newcomers; when every place that could go is younger,
-    /// the newcomer is let in beyond the limits (zero: the limits are strict).
+    /// How long a place is safe from newcomers.
     grace: Duration,
+    /// The most places in all, beyond `total` when no place can be taken; a newcomer beyond
+    /// is refused.
+    hard: usize,
 }
 
 #[derive(Default)]
@@ -45,6 +53,8 @@ struct State {
 struct Place {
     peer: SocketAddr,
     since: Instant,
+    /// Whether the connection has been looked at: until then its place cannot be taken.
+    checked: bool,
     /// Whether the connection has sent its first bytes.
     talking: bool,
     evict: CancellationToken,
@@ -67,30 +77,50 @@ pub(crate) struct Ticket {
 
 impl Admission {
     /// `total` places in all (at least one), at most `per_source` (at least one) for one
-    /// address, each safe from newcomers for `grace`.
-    pub(crate) fn new(total: usize, per_source: usize, grace: Duration) -> Admission {
+    /// address, each safe from newcomers for `grace`, and at most `hard` places even when
+    /// none can be taken.
+    pub(crate) fn new(total: usize, per_source: usize, grace: Duration, hard: usize) -> Admission {
+        let total = total.max(1);
         Admission {
             state: Arc::default(),
-            total: total.max(1),
-            per_source: per_source.clamp(1, total.max(1)),
+            total,
+            per_source: per_source.clamp(1, total),
             grace,
+            hard: hard.max(total),
         }
     }
 
-    /// A place for a connection from `peer` (which has sent its first bytes already if
-    /// `talking`), and the connection it was taken from, if one had to go.
-    pub(crate) fn admit(&self, peer: SocketAddr, talking: bool) -> (Ticket, Option<Evicted>) {
+    /// A place for a connection from `peer` (already looked at, as silent, if `checked`), and
+    /// the connection it was taken from, if one had to go; `None` when the newcomer is
+    /// refused.
+    pub(crate) fn admit(
+        &self,
+        peer: SocketAddr,
+        checked: bool,
+    ) -> Option<(Ticket, Option<Evicted>)> {
         let source = peer.ip();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let own = state.by_source.get(&source).copied().unwrap_or(0);
-        let old = |place: &Place| place.since.elapsed() >= self.grace;
-        let victim = if own >= self.per_source {
-            state.choose(|place| place.peer.ip() == source && old(place))
-        } else if state.held.len() >= self.total {
-            state.choose(old)
+        let crowded = own >= self.per_source;
+        let in_scope = |place: &Place| !crowded || place.peer.ip() == source;
+        let silent = |place: &Place| {
+            in_scope(place)
+                && place.checked
+                && !place.talking
+                && place.since.elapsed() >= self.grace
+        };
+        let mut victim = if crowded || state.held.len() >= self.total {
+            state.choose(silent)
         } else {
             None
         };
+        if victim.is_none() && state.held.len() >= self.hard {
+            // Only at the hard bound does one that has spoken go, and only one slower than a
+            // real peer's handshake.
+            victim =
+                state.choose(|place| in_scope(place) && place.since.elapsed() >= TALKING_GRACE);
+            victim?;
+        }
         let evicted = victim.and_then(|id| state.remove(id)).map(|place| {
             place.evict.cancel();
             Evicted {
@@ -106,7 +136,8 @@ impl Admission {
             Place {
                 peer,
                 since: Instant::now(),
-                talking,
+                checked,
+                talking: false,
                 evict: evict.clone(),
             },
         );
@@ -117,7 +148,7 @@ impl Admission {
             id,
             evicted: evict,
         };
-        (ticket, evicted)
+        Some((ticket, evicted))
     }
 
     /// How many places are held.
@@ -158,11 +189,13 @@ impl State {
 }
 
 impl Ticket {
-    /// The connection has sent its first bytes: it goes after every silent one.
-    pub(crate) fn talking(&self) {
+    /// The connection has been looked at: it has sent its first bytes (`talking`: it goes
+    /// after every silent one), or not yet.
+    pub(crate) fn checked(&self, talking: bool) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(place) = state.held.get_mut(&self.id) {
-            place.talking = true;
+            place.checked = true;
+            place.talking |= talking;
         }
     }
 }
@@ -180,52 +213,32 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
 
-    fn admit_silent(admission: &Admission, peer: SocketAddr) -> (Ticket, Option<Evicted>) {
-        admission.admit(peer, false)
-    }
-
-    #[test]
-    fn places_within_their_grace_are_safe_and_the_newcomer_is_let_in_beyond() {
-        let admission = Admission::new(1, 1, Duration::from_secs(60));
-        let (first, _) = admission.admit(ip(2), false);
-        let (_second, evicted) = admission.admit(ip(2), false);
-        assert_eq!(evicted, None);
-        assert!(!first.evicted.is_cancelled());
-        assert_eq!(admission.held(), 2);
-    }
-
-    #[test]
-    fn a_newcomer_already_talking_goes_after_every_silent_place() {
-        let admission = Admission::new(2, 2, Duration::ZERO);
-        let (talking, _) = admission.admit(ip(1), true);
-        let (silent, _) = admission.admit(ip(2), false);
-        let (_newcomer, evicted) = admission.admit(ip(3), false);
-        assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
-        assert!(silent.evicted.is_cancelled() && !talking.evicted.is_cancelled());
-    }
-
     fn ip(last: u8) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, last], 4000))
     }
 
+    fn admit(admission: &Admission, peer: SocketAddr) -> (Ticket, Option<Evicted>) {
+        admission.admit(peer, true).expect("admitted")
+    }
+
     #[test]
     fn a_newcomer_takes_the_oldest_silent_place_of_the_most_crowded_address() {
-        let admission = Admission::new(4, 3, Duration::ZERO);
-        let (a1, none) = admit_silent(&admission, ip(2));
+        let admission = Admission::new(4, 3, Duration::ZERO, 4);
+        let (a1, none) = admit(&admission, ip(2));
         assert_eq!(none, None);
-        let (a2, _) = admit_silent(&admission, ip(2));
-        let (b1, _) = admit_silent(&admission, ip(3));
-        let (c1, _) = admit_silent(&admission, ip(4));
-        c1.talking();
+        let (a2, _) = admit(&admission, ip(2));
+        let (b1, _) = admit(&admission, ip(3));
+        let (c1, _) = admit(&admission, ip(4));
+        c1.checked(true);
         // Full: 127.0.0.2 holds the most, and its oldest goes.
-        let (d1, evicted) = admit_silent(&admission, ip(5));
+        let (d1, evicted) = admit(&admission, ip(5));
         assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
         assert!(a1.evicted.is_cancelled() && !a2.evicted.is_cancelled());
-        // Now all hold one: the oldest silent one goes, not the one talking.
-        let (_e1, evicted) = admit_silent(&admission, ip(6));
+        // Now all hold one: the oldest silent one goes, never the one talking.
+        let (_e1, evicted) = admit(&admission, ip(6));
         assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
         assert!(a2.evicted.is_cancelled());
-        let (_f1, _) = admit_silent(&admission, ip(7));
+        let (_f1, _) = admit(&admission, ip(7));
         assert!(b1.evicted.is_cancelled() && !c1.evicted.is_cancelled());
         assert!(!d1.evicted.is_cancelled());
         assert_eq!(admission.held(), 4);
@@ -233,22 +246,46 @@ mod tests {
 
     #[test]
     fn an_address_at_its_own_limit_gives_up_its_own_oldest_place() {
-        let admission = Admission::new(100, 2, Duration::ZERO);
-        let (other, _) = admit_silent(&admission, ip(9));
-        let (first, _) = admit_silent(&admission, ip(2));
-        let (_second, _) = admit_silent(&admission, ip(2));
-        let (_third, evicted) = admit_silent(&admission, ip(2));
+        let admission = Admission::new(100, 2, Duration::ZERO, 100);
+        let (other, _) = admit(&admission, ip(9));
+        let (first, _) = admit(&admission, ip(2));
+        let (_second, _) = admit(&admission, ip(2));
+        let (_third, evicted) = admit(&admission, ip(2));
         assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
         assert!(first.evicted.is_cancelled() && !other.evicted.is_cancelled());
         assert_eq!(admission.held(), 3);
     }
 
     #[test]
+    fn places_not_yet_looked_at_or_within_their_grace_are_safe_up_to_the_hard_bound() {
+        // Not looked at yet: the newcomer is let in beyond the limit, up to the hard bound.
+        let admission = Admission::new(1, 1, Duration::ZERO, 2);
+        let (first, _) = admission.admit(ip(2), false).expect("admitted");
+        let (second, evicted) = admission.admit(ip(3), false).expect("let in beyond");
+        assert_eq!(evicted, None);
+        assert!(
+            admission.admit(ip(4), false).is_none(),
+            "refused beyond the hard bound"
+        );
+        // Looked at, and silent: its place can go.
+        first.checked(false);
+        let (_third, evicted) = admission.admit(ip(4), false).expect("admitted");
+        assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
+        assert!(!second.evicted.is_cancelled());
+        // Within the grace, a place is safe.
+        let admission = Admission::new(1, 1, Duration::from_secs(60), 10);
+        let (first, _) = admit(&admission, ip(2));
+        let (_second, evicted) = admit(&admission, ip(2));
+        assert_eq!(evicted, None);
+        assert!(!first.evicted.is_cancelled());
+    }
+
+    #[test]
     fn a_dropped_ticket_frees_its_place() {
-        let admission = Admission::new(1, 1, Duration::ZERO);
-        let (ticket, _) = admit_silent(&admission, ip(2));
+        let admission = Admission::new(1, 1, Duration::ZERO, 1);
+        let (ticket, _) = admit(&admission, ip(2));
         drop(ticket);
-        let (_next, evicted) = admit_silent(&admission, ip(3));
+        let (_next, evicted) = admit(&admission, ip(3));
         assert_eq!(evicted, None);
         assert_eq!(admission.held(), 1);
     }

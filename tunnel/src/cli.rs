@@ -26,11 +26,12 @@ pub const USAGE: &str = "\
 usage: gomux-tunnel keygen --out DIR
        gomux-tunnel fingerprint --key DIR
        gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
-                          SECURITY [--drain SECONDS]
+                          SECURITY [--exit-wait SECONDS] [--socks] [ALL]
        gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
                          SECURITY [--allow NETWORK:PORTS]... [--priority NETWORK:PORTS=N]...
-                         [--drain SECONDS]
-       gomux-tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
+                         [--max-sessions N] [--max-streams N] [ALL]
+       gomux-tunnel relay --listen ADDR --target ADDR [ALL]
+       gomux-tunnel --version
 
 The entry accepts TCP clients and carries each one as a gomux stream over a single
 connection to the exit; the exit connects each stream onwards. The connection between
@@ -45,6 +46,10 @@ entry  --listen ADDR       accept TCP clients on ADDR
                            client carried by the one with the fewest
        --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
                            new clients)
+       --exit-wait SECONDS while no connection to the exit is up, turn a new client away
+                           after this long (default 3; 0: at once)
+       --socks             the clients speak SOCKS5 (to a SOCKS exit): one turned away gets a
+                           SOCKS5 failure reply (network unreachable) instead of a close
 exit   --listen ADDR       accept gomux connections from entries on ADDR
        --entry ADDR        reverse: dial the entry at ADDR, and again whenever the connection
                            is lost (for an exit behind NAT)
@@ -58,30 +63,38 @@ exit   --listen ADDR       accept gomux connections from entries on ADDR
                            send the streams to targets in NETWORK on PORTS at priority N
                            (default 0; higher goes first), so that, say, SSH replies do not
                            wait behind downloads: 0.0.0.0/0:22=10 (repeatable; first match)
+       --max-sessions N    serve at most N gomux connections at once (default 64)
+       --max-streams N     serve at most N streams at once, across all connections (default
+                           1024); each holds a connection to its target
 SOCKS AUTH
        --socks-user USER --socks-password-file FILE
-                           require this user name and the password in FILE (its first line)
-                           from SOCKS5 clients (RFC 1929)
+                           require this user name (1 to 255 bytes) and the password in FILE
+                           (its first line; the file readable by its owner only) from SOCKS5
+                           clients (RFC 1929); each wrong password in a row is answered later
 SECURITY (entry and exit)
-       --key DIR           this end's key and certificate, as keygen wrote them
+       --key DIR           this end's key and certificate, as keygen wrote them (key.pem
+                           readable by its owner only)
        --peer-fingerprint HEX
                            the other end's certificate fingerprint, as keygen printed it
        --insecure          plain TCP instead: no authentication, no encryption
        --handshake-timeout SECONDS
                            close a connection (or a SOCKS5 stream) whose handshake takes
-                           longer (default 10)
-       --max-handshakes N  refuse connections (or SOCKS5 streams) beyond N handshakes in
-                           progress (default 64)
+                           longer (default 10); one silent for 2 s is closed then
+       --max-handshakes N  at most N handshakes in progress (default 64; 8 per address): a
+                           newcomer beyond takes the place of the oldest silent one; at a
+                           SOCKS exit, N SOCKS5 handshakes per gomux connection
 relay  --listen ADDR --target ADDR
                            forward each TCP connection on ADDR to its own connection to
                            ADDR, without gomux (a baseline for measurements)
-all    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
+ALL    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
                            being relayed this long to finish (default 30), then cut them; a
                            second Ctrl-C cuts them at once, a third exits at once
+       --log-format FORMAT text (default) or json: one JSON object per line
 
 Each listener's bound address is printed on standard output as `listening NAME ADDR`
 (NAME: clients, exits, entries or relay), so that port 0 can be asked for.
-RUST_LOG sets the log filter (default: info); logs go to standard error.";
+RUST_LOG sets the log filter (default: info); logs go to standard error, and a closed
+standard error or output never stops the tunnel.";
 
 /// The command line: which end to run, how it meets the other end, and how long its shutdown
 /// may take.

@@ -64,10 +64,11 @@ pub fn mux_config() -> Config {
 /// and `timeout` to finish its handshake, and at most `limit` handshakes are in progress, at
 /// most `per_source` of them from one address. A newcomer beyond either takes the place of
 /// a connection still in its handshake (see `admission`): a silent one before one that has
-/// spoken, from the address holding the most, the oldest first. So a stranger who opens
-/// connections and sends nothing (slowloris), from one address or many, holds at most `limit`
-/// sockets, none for long, and never keeps a real peer, which speaks at once and finishes in
-/// milliseconds, from getting in.
+/// spoken, from the address holding the most, the oldest first, once its task has looked at
+/// it (up to twice `limit` connections are let in meanwhile; beyond, a newcomer is refused).
+/// So a stranger who opens connections and sends nothing (slowloris), from one address or
+/// many, holds at most twice `limit` sockets, none for long, and never keeps a real peer,
+/// which speaks at once and finishes in milliseconds, from getting in.
 ///
 /// At a SOCKS exit, each gomux connection has `limit` places for SOCKS5 handshakes of its own
 /// (see `socks`).
@@ -116,7 +117,7 @@ pub const SILENT_CLIENTS: usize = 1024;
 
 /// How long a client connection at the entry may be silent before a newcomer can take its
 /// place: a burst of real clients, which send their first bytes a moment after connecting, is
-/// let in whole (beyond the limits, for this long) rather than cut.
+/// let in whole (beyond the limits, up to four times [`SILENT_CLIENTS`]) rather than cut.
 pub const SILENT_GRACE: Duration = Duration::from_secs(1);
 
 /// What an exit serves at most, across all its gomux connections: an entry that holds the

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use gomux::{Role, Session};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
 use crate::admission::Admission;
 use crate::config::{mux_config, Handshakes, FIRST_BYTES_TIMEOUT};
 use crate::drain::{tracked, Shutdown, Work};
+use crate::outage::Outage;
 use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, connect};
 use crate::security::{Connection, Security};
@@ -72,7 +73,12 @@ pub(crate) async fn accept_sessions<F, Fut>(
 {
     let serve = Arc::new(serve);
     let handshakes = meeting.handshakes;
-    let admission = Admission::new(handshakes.limit, handshakes.per_source, Duration::ZERO);
+    let admission = Admission::new(
+        handshakes.limit,
+        handshakes.per_source,
+        Duration::ZERO,
+        2 * handshakes.limit,
+    );
     let refusals = Refusals::default();
     let sessions = max_sessions.map(|limit| (limit, Arc::new(Semaphore::new(limit))));
     let mut summaries = tokio::time::interval(PERIOD);
@@ -87,20 +93,18 @@ pub(crate) async fn accept_sessions<F, Fut>(
             }
             accepted = accept(&listener) => accepted,
         };
-        // A real peer's first bytes have usually arrived by now; a stranger's silent
-        // connection goes before it.
-        let (socket, talking) = if meeting.security.is_pinned() {
-            match has_spoken(socket) {
-                Ok(looked) => looked,
-                Err(error) => {
-                    debug!(%peer, %error, "dropping a connection that failed at once");
-                    continue;
-                }
+        // The place cannot be taken before the task has looked at the connection: a real
+        // peer's first bytes may be on their way while the loop accepts strangers.
+        let Some((ticket, evicted)) = admission.admit(peer, false) else {
+            if refusals.log_one(peer.ip()) {
+                warn!(
+                    %peer,
+                    limit = handshakes.limit,
+                    "too many {other} handshakes in progress; connection refused"
+                );
             }
-        } else {
-            (socket, false)
+            continue;
         };
-        let (ticket, evicted) = admission.admit(peer, talking);
         if let Some(evicted) = evicted {
             if refusals.log_one(evicted.peer.ip()) {
                 warn!(
@@ -122,6 +126,19 @@ pub(crate) async fn accept_sessions<F, Fut>(
             sessions.clone(),
         );
         let task = async move {
+            // Plain TCP has no handshake to wait for.
+            let socket = if security.is_pinned() {
+                match has_spoken(socket) {
+                    Ok((socket, spoken)) => {
+                        ticket.checked(spoken);
+                        socket
+                    }
+                    Err(_) => return,
+                }
+            } else {
+                ticket.checked(false);
+                socket
+            };
             let started = tokio::time::Instant::now();
             let deadline = started + handshakes.timeout;
             let handshake = async {
@@ -136,7 +153,7 @@ pub(crate) async fn accept_sessions<F, Fut>(
                         Ok(Ok(1)) if byte[0] != TLS_HANDSHAKE_RECORD => {
                             return Err(Refused::NotTls(byte[0]))
                         }
-                        Ok(_) => ticket.talking(),
+                        Ok(_) => ticket.checked(true),
                     }
                 }
                 match tokio::time::timeout_at(deadline, security.accepted(socket)).await {
@@ -270,13 +287,13 @@ pub(crate) struct Dialler {
     addr: SocketAddr,
     redial: Redial,
     meeting: Meeting,
-    /// "exit" or "entry", for the logs.
-    other: &'static str,
     /// How many connections have been made, so that logs can tell them apart.
     pub(crate) number: u64,
     delay: Duration,
     /// When the latest connection was made.
     connected_at: Option<Instant>,
+    /// Logs the failed dials once per outage.
+    outage: Outage,
 }
 
 impl Dialler {
@@ -291,9 +308,9 @@ impl Dialler {
             meeting,
             delay: redial.backoff_initial,
             redial,
-            other,
             number: 0,
             connected_at: None,
+            outage: Outage::new(other),
         }
     }
 
@@ -313,13 +330,17 @@ impl Dialler {
         loop {
             match dial(self.addr, self.redial.dial_timeout, &self.meeting).await {
                 Ok(socket) => {
+                    self.outage.up();
                     self.number += 1;
                     self.connected_at = Some(Instant::now());
                     return Session::with_config(socket, Role::Client, mux_config());
                 }
                 Err(error) => {
-                    let (addr, other) = (self.addr, self.other);
-                    warn!(%addr, %error, retry_in = ?self.delay, "cannot reach the {other}");
+                    let addr = self.addr;
+                    self.outage.down(format_args!(
+                        "{addr}: {error}; next try in {:?}",
+                        self.delay
+                    ));
                     self.pause().await;
                 }
             }

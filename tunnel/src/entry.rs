@@ -21,9 +21,11 @@ use crate::config::{
 };
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::outage::Outage;
 use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, carry};
 use crate::socks_watch::Watched;
+use crate::turn_away::refuse_socks;
 
 /// How the entry keeps its connections to the exit, and how long clients wait for one.
 #[derive(Debug, Clone)]
@@ -99,7 +101,9 @@ pub async fn run_entry(
             // is none. Every client task reads the latest value; only the tasks that accept the
             // connections write it.
             let (publish, links) = watch::channel(None);
+            let outage = Outage::new("exit");
             let accept = {
+                let outage = outage.clone();
                 let (shutdown, work) = (shutdown.clone(), work.clone());
                 accept_sessions(
                     listener,
@@ -111,6 +115,7 @@ pub async fn run_entry(
                     move |number, session| {
                         let (publish, shutdown, work) =
                             (publish.clone(), shutdown.clone(), work.clone());
+                        outage.up();
                         async move {
                             let reason =
                                 carry_clients(number, session, &publish, &shutdown, &work).await;
@@ -127,7 +132,7 @@ pub async fn run_entry(
                 )
             };
             (
-                Exits::Latest(links),
+                Exits::Latest(links, outage),
                 tokio::spawn(tracked(connecting, accept)),
             )
         }
@@ -135,7 +140,12 @@ pub async fn run_entry(
     let _connections = AbortOnDrop(connections);
 
     // Places for the clients that are still silent, per address (see `Silent`).
-    let silent = Admission::new(SILENT_CLIENTS, SILENT_PER_CLIENT, SILENT_GRACE);
+    let silent = Admission::new(
+        SILENT_CLIENTS,
+        SILENT_PER_CLIENT,
+        SILENT_GRACE,
+        4 * SILENT_CLIENTS,
+    );
     let refusals = Refusals::default();
     let mut summaries = tokio::time::interval(PERIOD);
     let mut count = 0u64;
@@ -150,7 +160,16 @@ pub async fn run_entry(
             accepted = accept(&clients) => accepted,
         };
         count += 1;
-        let (ticket, evicted) = silent.admit(peer, false);
+        let Some((ticket, evicted)) = silent.admit(peer, true) else {
+            if refusals.log_one(peer.ip()) {
+                warn!(
+                    %peer,
+                    most = 4 * SILENT_CLIENTS,
+                    "too many silent client connections; closing this one"
+                );
+            }
+            continue;
+        };
         if let Some(evicted) = evicted {
             if refusals.log_one(evicted.peer.ip()) {
                 warn!(
@@ -175,7 +194,7 @@ pub async fn run_entry(
         let client = serve_client(
             Silent::new(socket, ticket),
             exits.clone(),
-            options.client_wait,
+            options.clone(),
             shutdown.clone(),
         );
         tokio::spawn(tracked(work.relays.track(), client).instrument(span));
@@ -190,8 +209,9 @@ pub async fn run_entry(
 enum Exits {
     /// Through the entry's own connections to the exit.
     Dialled(Dialled),
-    /// Through the latest connection an exit dialled in on: `None` while there is none.
-    Latest(watch::Receiver<Option<Link>>),
+    /// Through the latest connection an exit dialled in on: `None` while there is none. The
+    /// outage is told when clients are turned away for want of one, and when one comes.
+    Latest(watch::Receiver<Option<Link>>, Outage),
 }
 
 /// The entry's connections to the exit when it dials it: a [`Pool`] of `--connections`, and
@@ -199,6 +219,8 @@ enum Exits {
 #[derive(Clone)]
 struct Dialled {
     pool: Pool,
+    /// Logs the failed dials, and the clients turned away, once per outage.
+    outage: Outage,
     /// The end of every session that carries clients, by the pool's number for it. Made when
     /// the first client is carried by the session, with a task that waits for its end.
     ends: Arc<Mutex<HashMap<u64, SessionEnd>>>,
@@ -224,27 +246,33 @@ impl Dialled {
             backoff_max,
             dial_timeout,
         } = options.redial;
+        let outage = Outage::new("exit");
         let pool = Pool::builder(options.connections)
             .config(mux_config())
             .backoff(backoff_initial, backoff_max)
             .connect_timeout(dial_timeout + meeting.handshakes.timeout)
-            .build(move || {
-                let meeting = meeting.clone();
-                async move {
-                    match dial(exit, dial_timeout, &meeting).await {
-                        Ok(socket) => {
-                            info!(%exit, "connected to the exit");
-                            Ok(socket)
-                        }
-                        Err(error) => {
-                            warn!(%exit, %error, "cannot reach the exit");
-                            Err(error)
+            .build({
+                let outage = outage.clone();
+                move || {
+                    let (meeting, outage) = (meeting.clone(), outage.clone());
+                    async move {
+                        match dial(exit, dial_timeout, &meeting).await {
+                            Ok(socket) => {
+                                outage.up();
+                                info!(%exit, "connected to the exit");
+                                Ok(socket)
+                            }
+                            Err(error) => {
+                                outage.down(format_args!("{exit}: {error}"));
+                                Err(error)
+                            }
                         }
                     }
                 }
             });
         Dialled {
             pool,
+            outage,
             ends: Arc::default(),
             cut: CancellationToken::new(),
             retry: backoff_initial,
@@ -318,7 +346,8 @@ impl Dialled {
             // reached): wait a little, until the deadline.
             let retry = (tokio::time::Instant::now() + self.retry).min(deadline);
             if retry >= deadline {
-                warn!(%error, ?wait, "no connection to the exit; turning the client away");
+                self.outage.down(format_args!("{error}"));
+                debug!(%error, ?wait, "no connection to the exit; turning the client away");
                 return None;
             }
             tokio::time::sleep_until(retry).await;
@@ -405,27 +434,36 @@ async fn carry_clients(
 
 /// Forwards one client connection through a gomux connection to the exit; closes it at
 /// once if it loses its place while it is still silent.
-async fn serve_client(client: Silent<TcpStream>, exits: Exits, wait: Duration, shutdown: Shutdown) {
+async fn serve_client(
+    client: Silent<TcpStream>,
+    exits: Exits,
+    options: EntryOptions,
+    shutdown: Shutdown,
+) {
     let evicted = client.evicted.clone();
     tokio::select! {
         biased;
         // Logged by the accept loop; nothing was sent either way, so nothing is lost.
         () = evicted.cancelled() => {}
-        () = forward_client(client, exits, wait, shutdown) => {}
+        () = forward_client(client, exits, &options, shutdown) => {}
     }
 }
 
 async fn forward_client(
-    client: Silent<TcpStream>,
+    mut client: Silent<TcpStream>,
     exits: Exits,
-    wait: Duration,
+    options: &EntryOptions,
     shutdown: Shutdown,
 ) {
+    let wait = options.client_wait;
     let opened = match exits {
         Exits::Dialled(dialled) => dialled.open(wait).await,
-        Exits::Latest(links) => open_on_latest(links, wait, &shutdown).await,
+        Exits::Latest(links, outage) => open_on_latest(links, wait, &shutdown, &outage).await,
     };
     let Some((number, stream, end)) = opened else {
+        if options.socks {
+            refuse_socks(&mut client).await;
+        }
         return;
     };
     let span = Span::current();
@@ -444,6 +482,7 @@ async fn open_on_latest(
     mut links: watch::Receiver<Option<Link>>,
     wait: Duration,
     shutdown: &Shutdown,
+    outage: &Outage,
 ) -> Option<(u64, Stream, SessionEnd)> {
     let deadline = tokio::time::Instant::now() + wait;
 
@@ -463,7 +502,8 @@ async fn open_on_latest(
                 Ok(Ok(link)) => link.clone(),
                 Ok(Err(_)) => return None, // nothing publishes connections any more: the entry stopped
                 Err(_) => {
-                    warn!(?wait, "no connection to the exit; turning the client away");
+                    outage.down("no exit has dialled in");
+                    debug!(?wait, "no connection to the exit; turning the client away");
                     return None;
                 }
             },

@@ -68,11 +68,13 @@ pub mod drain;
 pub mod entry;
 pub mod exit;
 pub mod logging;
+mod outage;
 mod refusals;
 pub mod relay;
 pub mod security;
 pub mod socks;
 mod socks_watch;
+mod turn_away;
 
 pub use connect::{Meeting, Peer, Redial};
 pub use drain::{SessionEnd, Shutdown, ShutdownReport};
