@@ -7,9 +7,11 @@
 //! sent a byte before one that has, one from the address holding the most places before
 //! others, and the oldest among those. Each address also has its own limit, beyond which its
 //! own oldest place goes. A place can be taken only once its connection has been looked at
-//! (a newcomer's first bytes may be on their way while the listener accepts others) and, where
-//! there is a grace, once it is that old; when no place can be taken, the newcomer is let in
-//! beyond the limits, up to a hard bound past which it is refused. So a stranger, from one
+//! (a newcomer's first bytes may be on their way while the listener accepts others) and, by a
+//! newcomer that has not spoken, only once it is older than the grace; when no place can be
+//! taken, the newcomer is let in beyond the limits, up to a hard bound past which it is
+//! refused unless it has spoken. The grace keeps strangers who reopen every connection closed
+//! from making the listener close and accept in a loop as fast as it can. So a stranger, from one
 //! address or from many, holds no place for long, and a real peer, which speaks at once and
 //! finishes in milliseconds, gets through however many places the stranger keeps reopening.
 //!
@@ -60,6 +62,17 @@ struct Place {
     evict: CancellationToken,
 }
 
+/// What is known of a newcomer when it asks for a place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Newcomer {
+    /// Not looked at yet: its place cannot be taken until [`Ticket::checked`] says.
+    Unchecked,
+    /// Looked at: nothing sent yet.
+    Silent,
+    /// It has sent its first bytes: it takes a silent place whatever its age.
+    Talking,
+}
+
 /// A connection that lost its place to a newcomer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Evicted {
@@ -90,14 +103,14 @@ impl Admission {
         }
     }
 
-    /// A place for a connection from `peer` (already looked at, as silent, if `checked`), and
-    /// the connection it was taken from, if one had to go; `None` when the newcomer is
-    /// refused.
+    /// A place for a connection from `peer`, and the connection it was taken from, if one had
+    /// to go; `None` when the newcomer is refused.
     pub(crate) fn admit(
         &self,
         peer: SocketAddr,
-        checked: bool,
+        newcomer: Newcomer,
     ) -> Option<(Ticket, Option<Evicted>)> {
+        let talking = newcomer == Newcomer::Talking;
         let source = peer.ip();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let own = state.by_source.get(&source).copied().unwrap_or(0);
@@ -107,7 +120,7 @@ impl Admission {
             in_scope(place)
                 && place.checked
                 && !place.talking
-                && place.since.elapsed() >= self.grace
+                && (talking || place.since.elapsed() >= self.grace)
         };
         let mut victim = if crowded || state.held.len() >= self.total {
             state.choose(silent)
@@ -115,8 +128,11 @@ impl Admission {
             None
         };
         if victim.is_none() && state.held.len() >= self.hard {
-            // Only at the hard bound does one that has spoken go, and only one slower than a
-            // real peer's handshake.
+            // At the hard bound a newcomer that has not spoken is refused; one that has takes
+            // even the place of one that has spoken, if slower than a real peer's handshake.
+            if !talking {
+                return None;
+            }
             victim =
                 state.choose(|place| in_scope(place) && place.since.elapsed() >= TALKING_GRACE);
             victim?;
@@ -136,8 +152,8 @@ impl Admission {
             Place {
                 peer,
                 since: Instant::now(),
-                checked,
-                talking: false,
+                checked: newcomer != Newcomer::Unchecked,
+                talking,
                 evict: evict.clone(),
             },
         );
@@ -218,7 +234,7 @@ mod tests {
     }
 
     fn admit(admission: &Admission, peer: SocketAddr) -> (Ticket, Option<Evicted>) {
-        admission.admit(peer, true).expect("admitted")
+        admission.admit(peer, Newcomer::Silent).expect("admitted")
     }
 
     #[test]
@@ -260,16 +276,22 @@ mod tests {
     fn places_not_yet_looked_at_or_within_their_grace_are_safe_up_to_the_hard_bound() {
         // Not looked at yet: the newcomer is let in beyond the limit, up to the hard bound.
         let admission = Admission::new(1, 1, Duration::ZERO, 2);
-        let (first, _) = admission.admit(ip(2), false).expect("admitted");
-        let (second, evicted) = admission.admit(ip(3), false).expect("let in beyond");
+        let (first, _) = admission
+            .admit(ip(2), Newcomer::Unchecked)
+            .expect("admitted");
+        let (second, evicted) = admission
+            .admit(ip(3), Newcomer::Unchecked)
+            .expect("let in beyond");
         assert_eq!(evicted, None);
         assert!(
-            admission.admit(ip(4), false).is_none(),
+            admission.admit(ip(4), Newcomer::Unchecked).is_none(),
             "refused beyond the hard bound"
         );
         // Looked at, and silent: its place can go.
         first.checked(false);
-        let (_third, evicted) = admission.admit(ip(4), false).expect("admitted");
+        let (_third, evicted) = admission
+            .admit(ip(4), Newcomer::Unchecked)
+            .expect("admitted");
         assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
         assert!(!second.evicted.is_cancelled());
         // Within the grace, a place is safe.
@@ -278,6 +300,10 @@ mod tests {
         let (_second, evicted) = admit(&admission, ip(2));
         assert_eq!(evicted, None);
         assert!(!first.evicted.is_cancelled());
+        // ... but not from one that has spoken.
+        let (_third, evicted) = admission.admit(ip(3), Newcomer::Talking).expect("admitted");
+        assert_eq!(evicted.map(|e| e.peer), Some(ip(2)));
+        assert!(first.evicted.is_cancelled());
     }
 
     #[test]

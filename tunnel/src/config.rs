@@ -65,7 +65,9 @@ pub fn mux_config() -> Config {
 /// most `per_source` of them from one address. A newcomer beyond either takes the place of
 /// a connection still in its handshake (see `admission`): a silent one before one that has
 /// spoken, from the address holding the most, the oldest first, once its task has looked at
-/// it (up to twice `limit` connections are let in meanwhile; beyond, a newcomer is refused).
+/// it, and by a newcomer that has not spoken only once it is [`HANDSHAKE_GRACE`] old (up to
+/// twice `limit` connections are let in meanwhile; beyond, a newcomer that has not spoken is
+/// refused).
 /// So a stranger who opens connections and sends nothing (slowloris), from one address or
 /// many, holds at most twice `limit` sockets, none for long, and never keeps a real peer,
 /// which speaks at once and finishes in milliseconds, from getting in.
@@ -93,6 +95,12 @@ impl Default for Handshakes {
         }
     }
 }
+
+/// How long a silent connection in its handshake at an exposed listener keeps its place from
+/// a newcomer that has not spoken either: strangers who reopen every connection closed then
+/// make the listener close at most twice `--max-handshakes` connections a second, not as many
+/// as it can accept.
+pub const HANDSHAKE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a connection accepted at an exposed listener may stay silent before its first
 /// bytes (a TLS ClientHello, which a real peer sends at once); at most the handshake timeout.

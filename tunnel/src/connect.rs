@@ -12,8 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::admission::Admission;
-use crate::config::{mux_config, Handshakes, FIRST_BYTES_TIMEOUT};
+use crate::admission::{Admission, Newcomer};
+use crate::config::{mux_config, Handshakes, FIRST_BYTES_TIMEOUT, HANDSHAKE_GRACE};
 use crate::drain::{tracked, Shutdown, Work};
 use crate::outage::Outage;
 use crate::refusals::{Refusals, PERIOD};
@@ -76,7 +76,7 @@ pub(crate) async fn accept_sessions<F, Fut>(
     let admission = Admission::new(
         handshakes.limit,
         handshakes.per_source,
-        Duration::ZERO,
+        HANDSHAKE_GRACE,
         2 * handshakes.limit,
     );
     let refusals = Refusals::default();
@@ -84,7 +84,7 @@ pub(crate) async fn accept_sessions<F, Fut>(
     let mut summaries = tokio::time::interval(PERIOD);
     let mut count = 0u64;
     loop {
-        let (socket, peer) = tokio::select! {
+        let (mut socket, peer) = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => return,
             _ = summaries.tick() => {
@@ -95,7 +95,18 @@ pub(crate) async fn accept_sessions<F, Fut>(
         };
         // The place cannot be taken before the task has looked at the connection: a real
         // peer's first bytes may be on their way while the loop accepts strangers.
-        let Some((ticket, evicted)) = admission.admit(peer, false) else {
+        let mut admitted = admission.admit(peer, Newcomer::Unchecked);
+        if admitted.is_none() && meeting.security.is_pinned() {
+            // At the hard bound: a newcomer that has spoken already is still let in.
+            let Ok((spoken, talking)) = has_spoken(socket) else {
+                continue;
+            };
+            socket = spoken;
+            if talking {
+                admitted = admission.admit(peer, Newcomer::Talking);
+            }
+        }
+        let Some((ticket, evicted)) = admitted else {
             if refusals.log_one(peer.ip()) {
                 warn!(
                     %peer,

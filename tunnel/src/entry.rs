@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
-use crate::admission::{Admission, Ticket};
+use crate::admission::{Admission, Newcomer, Ticket};
 use crate::config::{
     mux_config, DEFAULT_EXIT_WAIT, SILENT_CLIENTS, SILENT_GRACE, SILENT_PER_CLIENT,
 };
@@ -115,10 +115,11 @@ pub async fn run_entry(
                     move |number, session| {
                         let (publish, shutdown, work) =
                             (publish.clone(), shutdown.clone(), work.clone());
-                        outage.up();
+                        let outage = outage.clone();
                         async move {
                             let reason =
-                                carry_clients(number, session, &publish, &shutdown, &work).await;
+                                carry_clients(number, session, &publish, &outage, &shutdown, &work)
+                                    .await;
                             // When shutting down, the drain has logged how it went.
                             if !shutdown.begin.is_cancelled() {
                                 if reason.is_graceful() {
@@ -160,7 +161,7 @@ pub async fn run_entry(
             accepted = accept(&clients) => accepted,
         };
         count += 1;
-        let Some((ticket, evicted)) = silent.admit(peer, true) else {
+        let Some((ticket, evicted)) = silent.admit(peer, Newcomer::Silent) else {
             if refusals.log_one(peer.ip()) {
                 warn!(
                     %peer,
@@ -219,8 +220,6 @@ enum Exits {
 #[derive(Clone)]
 struct Dialled {
     pool: Pool,
-    /// Logs the failed dials, and the clients turned away, once per outage.
-    outage: Outage,
     /// The end of every session that carries clients, by the pool's number for it. Made when
     /// the first client is carried by the session, with a task that waits for its end.
     ends: Arc<Mutex<HashMap<u64, SessionEnd>>>,
@@ -246,6 +245,7 @@ impl Dialled {
             backoff_max,
             dial_timeout,
         } = options.redial;
+        // Logs the failed dials once per outage.
         let outage = Outage::new("exit");
         let pool = Pool::builder(options.connections)
             .config(mux_config())
@@ -272,7 +272,6 @@ impl Dialled {
             });
         Dialled {
             pool,
-            outage,
             ends: Arc::default(),
             cut: CancellationToken::new(),
             retry: backoff_initial,
@@ -346,7 +345,7 @@ impl Dialled {
             // reached): wait a little, until the deadline.
             let retry = (tokio::time::Instant::now() + self.retry).min(deadline);
             if retry >= deadline {
-                self.outage.down(format_args!("{error}"));
+                // The failed dials have said so, once per outage.
                 debug!(%error, ?wait, "no connection to the exit; turning the client away");
                 return None;
             }
@@ -399,6 +398,7 @@ async fn carry_clients(
     number: u64,
     session: Session,
     publish: &watch::Sender<Option<Link>>,
+    outage: &Outage,
     shutdown: &Shutdown,
     work: &Work,
 ) -> Error {
@@ -408,6 +408,7 @@ async fn carry_clients(
         session: session.clone(),
         end: end.clone(),
     }));
+    outage.up();
 
     // Nothing to do until the connection dies, or the shutdown begins. Then every client it
     // carried is told (after a drain, none is left).
@@ -499,14 +500,21 @@ async fn open_on_latest(
                 return None;
             }
             newer = tokio::time::timeout_at(deadline, newer) => match newer {
-                Ok(Ok(link)) => link.clone(),
+                Ok(Ok(link)) => Ok(link.clone()),
                 Ok(Err(_)) => return None, // nothing publishes connections any more: the entry stopped
-                Err(_) => {
-                    outage.down("no exit has dialled in");
-                    debug!(?wait, "no connection to the exit; turning the client away");
-                    return None;
-                }
+                Err(timed_out) => Err(timed_out),
             },
+        };
+        let link = match link {
+            Ok(link) => link,
+            Err(_) => {
+                // Unless one came just now.
+                if links.borrow().is_none() {
+                    outage.down("no exit has dialled in");
+                }
+                debug!(?wait, "no connection to the exit; turning the client away");
+                return None;
+            }
         };
         let Some(link) = link else { continue };
         match link.session.open().await {

@@ -11,159 +11,22 @@
 //!   address are summarised, failed passwords back off.
 
 mod common;
+mod process;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gomux::{Config, Role, Session};
 use gomux_tunnel::config::Handshakes;
 use gomux_tunnel::{Identity, Meeting, Security};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use common::within;
-
-const BINARY: &str = env!("CARGO_BIN_EXE_gomux-tunnel");
-
-/// A scratch directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "gomux-tunnel-attack-{name}-{}-{:?}",
-            std::process::id(),
-            Instant::now()
-        ));
-        std::fs::create_dir_all(&dir).expect("scratch directory");
-        Scratch(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    /// A key pair saved in `name`, as keygen writes it.
-    fn identity(&self, name: &str) -> (Identity, PathBuf) {
-        let identity = Identity::generate().expect("a key pair");
-        let dir = self.path(name);
-        identity.save(&dir).expect("save the key");
-        (identity, dir)
-    }
-
-    /// A password file readable by its owner only.
-    fn password(&self, password: &str) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let path = self.path("password");
-        std::fs::write(&path, format!("{password}\n")).expect("password file");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().expect("a path")
-}
-
-/// One end of the tunnel as a process, killed when dropped, its log kept.
-struct End {
-    child: Child,
-    log: Arc<Mutex<String>>,
-    listening: Vec<(String, SocketAddr)>,
-}
-
-impl End {
-    async fn start(args: &[&str], listeners: usize, log_level: &str) -> End {
-        let mut child = Command::new(BINARY)
-            .args(args)
-            .env("RUST_LOG", log_level)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start gomux-tunnel");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        {
-            let log = Arc::clone(&log);
-            tokio::spawn(async move {
-                while let Ok(Some(line)) = stderr.next_line().await {
-                    let mut log = log.lock().expect("not poisoned");
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            });
-        }
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut listening = Vec::new();
-        while listening.len() < listeners {
-            let line = within("the bound address", stdout.next_line())
-                .await
-                .expect("read stdout")
-                .unwrap_or_else(|| panic!("no address printed; log:\n{}", log.lock().unwrap()));
-            let mut words = line.split_whitespace();
-            if words.next() == Some("listening") {
-                let name = words.next().expect("a name").to_owned();
-                let addr = words.next().expect("an address").parse().expect("address");
-                listening.push((name, addr));
-            }
-        }
-        End {
-            child,
-            log,
-            listening,
-        }
-    }
-
-    fn addr(&self, name: &str) -> SocketAddr {
-        self.listening
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, addr)| addr)
-            .unwrap_or_else(|| panic!("no {name} listener"))
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().expect("not poisoned").clone()
-    }
-
-    /// The peak resident set of the process, from /proc.
-    fn peak_resident_kib(&self) -> u64 {
-        let pid = self.child.id().expect("running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM")
-    }
-}
-
-/// An echo server on a loopback port.
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut reader, mut writer) = socket.split();
-                let _ = tokio::io::copy(&mut reader, &mut writer).await;
-            });
-        }
-    });
-    addr
-}
+use process::{echo_server, text, End, Scratch, BINARY};
 
 /// The `n`th stranger's address: 127.0.0.2 and up.
 fn stranger(n: usize) -> IpAddr {
@@ -172,7 +35,8 @@ fn stranger(n: usize) -> IpAddr {
 }
 
 /// `count` strangers, each keeping one idle connection to `to` from its own address, and
-/// opening another as soon as it is closed, until dropped.
+/// opening another as soon as it is closed, until dropped. They run on a thread of their own,
+/// as another machine's would, not among the real client's tasks.
 struct Strangers {
     stop: Arc<AtomicBool>,
 }
@@ -180,9 +44,24 @@ struct Strangers {
 impl Strangers {
     fn start(count: usize, to: SocketAddr) -> Strangers {
         let stop = Arc::new(AtomicBool::new(false));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the strangers");
+        let handle = runtime.handle().clone();
+        {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                runtime.block_on(async {
+                    while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+            });
+        }
         for n in 0..count {
             let stop = Arc::clone(&stop);
-            tokio::spawn(async move {
+            handle.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let socket = TcpSocket::new_v4().expect("socket");
                     socket
@@ -269,7 +148,7 @@ impl SocksTunnel {
             entry_identity.fingerprint().to_string(),
             exit_identity.fingerprint().to_string(),
         );
-        let exit = End::start(
+        let exit = End::start_logging(
             &[
                 "exit",
                 "--listen",
@@ -291,7 +170,7 @@ impl SocksTunnel {
         )
         .await;
         let exit_addr = exit.addr("entries").to_string();
-        let entry = End::start(
+        let entry = End::start_logging(
             &[
                 "entry",
                 "--listen",
@@ -317,8 +196,18 @@ impl SocksTunnel {
         }
     }
 
-    /// A new connection to the exit, authenticated as the entry, as a session's client.
+    /// A new connection to the exit, authenticated as the entry, as a session's client; dialled
+    /// again after a failure, 100 ms later, as the entry does (its first backoff).
     async fn dial_as_entry(&self) -> Session {
+        loop {
+            match self.dial_once_as_entry().await {
+                Ok(session) => return session,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn dial_once_as_entry(&self) -> std::io::Result<Session> {
         let meeting = Meeting {
             security: Security::pinned(
                 &self.entry_identity,
@@ -327,15 +216,18 @@ impl SocksTunnel {
             .expect("TLS settings"),
             handshakes: Handshakes::default(),
         };
-        let tcp = TcpStream::connect(self.exit.addr("entries"))
-            .await
-            .expect("connect");
-        let tls = meeting.security.dialled(tcp).await.expect("TLS handshake");
-        Session::with_config(tls, Role::Client, Config::default())
+        let tcp = TcpStream::connect(self.exit.addr("entries")).await?;
+        let tls = meeting.security.dialled(tcp).await?;
+        Ok(Session::with_config(tls, Role::Client, Config::default()))
     }
 }
 
+/// Held by the tests that load the machine (hundreds of strangers, thousands of streams), so
+/// that they run one at a time rather than slow each other down.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn strangers_do_not_keep_out_a_client_or_a_reconnecting_entry(strangers: usize) {
+    let _heavy = HEAVY.lock().await;
     let tunnel = SocksTunnel::start("info").await;
     let _at_entry = Strangers::start(strangers, tunnel.entry.addr("clients"));
     let _at_exit = Strangers::start(strangers, tunnel.exit.addr("entries"));
@@ -408,12 +300,13 @@ async fn firehose() -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_opening_streams_that_never_read_cannot_grow_the_exit_without_bound() {
+    let _heavy = HEAVY.lock().await;
     let scratch = Scratch::new("memory");
     let (entry_identity, _) = scratch.identity("entry");
     let (exit_identity, exit_key) = scratch.identity("exit");
     let target = firehose().await.to_string();
     let entry_fp = entry_identity.fingerprint().to_string();
-    let exit = End::start(
+    let exit = End::start_logging(
         &[
             "exit",
             "--listen",
@@ -457,6 +350,12 @@ async fn an_entry_opening_streams_that_never_read_cannot_grow_the_exit_without_b
     // Time for the exit to serve what it takes on.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let peak = exit.peak_resident_kib();
+    println!(
+        "exit peak resident: {} MiB, {} streams opened over {} connections",
+        peak / 1024,
+        streams.len(),
+        sessions.len()
+    );
     assert!(
         peak < 128 * 1024,
         "the exit peaked at {} MiB resident with {} streams opened; log:\n{}",
@@ -491,25 +390,6 @@ async fn socks_domain(proxy: SocketAddr, host: &[u8]) -> u8 {
     reply[1]
 }
 
-/// Waits until `end`'s log has a line with every one of `texts`.
-async fn await_log(end: &End, texts: &[&str]) {
-    let found = |log: &str| {
-        log.lines()
-            .any(|line| texts.iter().all(|text| line.contains(text)))
-    };
-    let waited = tokio::time::timeout(common::STEP, async {
-        while !found(&end.log()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "no line with {texts:?}; log:\n{}",
-        end.log()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_and_no_raw_peer_string_reaches_the_log_at_any_level() {
     let tunnel = SocksTunnel::start("trace").await;
@@ -517,13 +397,16 @@ async fn no_password_and_no_raw_peer_string_reaches_the_log_at_any_level() {
     let client = TcpStream::connect(proxy).await.expect("connect");
     let (status, _) = socks_echo(client, "ann", "hunter2-wrong", tunnel.echo).await;
     assert_ne!(status, 0, "a wrong password is refused");
-    await_log(&tunnel.exit, &["wrong SOCKS5 user name or password"]).await;
+    tunnel
+        .exit
+        .await_log(&["wrong SOCKS5 user name or password"], false)
+        .await;
 
     // A host name that would forge a log line and clear a terminal.
     let forged = b"evil.invalid\nFORGED  INFO the log says what I want\r\x1b[2J";
     let reply = socks_domain(proxy, forged).await;
     assert_ne!(reply, 0, "no such host");
-    await_log(&tunnel.exit, &["evil.invalid"]).await;
+    tunnel.exit.await_log(&["evil.invalid"], false).await;
 
     for (name, log) in [("exit", tunnel.exit.log()), ("entry", tunnel.entry.log())] {
         // Neither as text nor as the bytes' list ("h", "u", "n", "t", ...).
@@ -559,7 +442,7 @@ async fn refusals_of_one_address_are_summarised_and_failed_passwords_back_off() 
     }
     let stranger = stranger(1).to_string();
     // Refused as not TLS, or closed for a newcomer: either way a line each, at first.
-    await_log(&tunnel.exit, &["WARN", &stranger]).await;
+    tunnel.exit.await_log(&["WARN", &stranger], false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let log = tunnel.exit.log();
     let lines = log.lines().filter(|line| line.contains(&stranger)).count();
@@ -599,7 +482,7 @@ async fn an_operator_is_told_what_is_wrong() {
     let (other, _) = scratch.identity("other");
     let echo = echo_server().await.to_string();
     let entry_fp = entry_identity.fingerprint().to_string();
-    let exit = End::start(
+    let exit = End::start_logging(
         &[
             "exit",
             "--listen",
@@ -619,7 +502,7 @@ async fn an_operator_is_told_what_is_wrong() {
 
     // A wrong pin: both fingerprints named.
     let other_fp = other.fingerprint().to_string();
-    let entry = End::start(
+    let entry = End::start_logging(
         &[
             "entry",
             "--listen",
@@ -636,11 +519,11 @@ async fn an_operator_is_told_what_is_wrong() {
     )
     .await;
     let exit_fp = exit_identity.fingerprint().to_string();
-    await_log(&entry, &[&exit_fp, &other_fp]).await;
+    entry.await_log(&[&exit_fp, &other_fp], false).await;
     drop(entry);
 
     // An --insecure entry facing a TLS exit: the exit says so.
-    let entry = End::start(
+    let entry = End::start_logging(
         &[
             "entry",
             "--listen",
@@ -654,10 +537,10 @@ async fn an_operator_is_told_what_is_wrong() {
     )
     .await;
     let _client = TcpStream::connect(entry.addr("clients")).await;
-    await_log(&exit, &["not TLS", "--insecure"]).await;
+    exit.await_log(&["not TLS", "--insecure"], false).await;
 
     // A SOCKS exit without an allow-list says it is an open proxy.
-    let open = End::start(
+    let open = End::start_logging(
         &[
             "exit",
             "--listen",
@@ -672,7 +555,33 @@ async fn an_operator_is_told_what_is_wrong() {
         "info",
     )
     .await;
-    await_log(&open, &["gomux-tunnel: --socks without --allow"]).await;
+    open.await_log(&["gomux-tunnel: --socks without --allow"], false)
+        .await;
+
+    // A JSON log holds nothing but JSON objects, the start-up warning included.
+    let json = End::start_logging(
+        &[
+            "exit",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            &echo,
+            "--insecure",
+            "--log-format",
+            "json",
+        ],
+        1,
+        "info",
+    )
+    .await;
+    json.await_log(&["--insecure", "\"level\":\"WARN\""], false)
+        .await;
+    let log = json.log();
+    assert!(
+        log.lines()
+            .all(|line| line.starts_with('{') && line.ends_with('}')),
+        "{log}"
+    );
 
     // A usage error is one line and a hint; --version is one line.
     let wrong = Command::new(BINARY)

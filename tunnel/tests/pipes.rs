@@ -3,6 +3,7 @@
 //! tunnel goes on carrying its clients, and a signal still shuts it down (the third at once).
 
 mod common;
+mod process;
 
 use std::net::SocketAddr;
 use std::process::{ExitStatus, Stdio};
@@ -13,27 +14,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
 use common::within;
-
-const BINARY: &str = env!("CARGO_BIN_EXE_gomux-tunnel");
+use process::{echo_server, BINARY};
 
 /// A loopback address with a port that was free a moment ago.
 async fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     listener.local_addr().expect("address")
-}
-
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut reader, mut writer) = socket.split();
-                let _ = tokio::io::copy(&mut reader, &mut writer).await;
-            });
-        }
-    });
-    addr
 }
 
 /// Starts the binary with both of its outputs on pipes, and `RUST_LOG=debug` so that every
