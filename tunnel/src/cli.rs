@@ -1,7 +1,6 @@
 //! The command line: what it says, how it is read, and running what it asks for.
 
 use std::error::Error as StdError;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,8 +8,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::info;
 
+use crate::logging::{say, warn_at_start, LogFormat};
+
 use crate::config::{
-    AllowList, Credentials, Handshakes, Priorities, Rule, DEFAULT_DRAIN, MAX_CONNECTIONS,
+    AllowList, Credentials, Handshakes, Limits, Priorities, Rule, DEFAULT_DRAIN, DEFAULT_EXIT_WAIT,
+    MAX_CONNECTIONS,
 };
 use crate::connect::{Meeting, Peer};
 use crate::drain::{Shutdown, ShutdownReport};
@@ -24,11 +26,12 @@ pub const USAGE: &str = "\
 usage: gomux-tunnel keygen --out DIR
        gomux-tunnel fingerprint --key DIR
        gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
-                          SECURITY [--drain SECONDS]
+                          SECURITY [--exit-wait SECONDS] [--socks] [ALL]
        gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
                          SECURITY [--allow NETWORK:PORTS]... [--priority NETWORK:PORTS=N]...
-                         [--drain SECONDS]
-       gomux-tunnel relay --listen ADDR --target ADDR [--drain SECONDS]
+                         [--max-sessions N] [--max-streams N] [ALL]
+       gomux-tunnel relay --listen ADDR --target ADDR [ALL]
+       gomux-tunnel --version
 
 The entry accepts TCP clients and carries each one as a gomux stream over a single
 connection to the exit; the exit connects each stream onwards. The connection between
@@ -43,6 +46,10 @@ entry  --listen ADDR       accept TCP clients on ADDR
                            client carried by the one with the fewest
        --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
                            new clients)
+       --exit-wait SECONDS while no connection to the exit is up, turn a new client away
+                           after this long (default 3; 0: at once)
+       --socks             the clients speak SOCKS5 (to a SOCKS exit): one turned away gets a
+                           SOCKS5 failure reply (network unreachable) instead of a close
 exit   --listen ADDR       accept gomux connections from entries on ADDR
        --entry ADDR        reverse: dial the entry at ADDR, and again whenever the connection
                            is lost (for an exit behind NAT)
@@ -56,30 +63,38 @@ exit   --listen ADDR       accept gomux connections from entries on ADDR
                            send the streams to targets in NETWORK on PORTS at priority N
                            (default 0; higher goes first), so that, say, SSH replies do not
                            wait behind downloads: 0.0.0.0/0:22=10 (repeatable; first match)
+       --max-sessions N    serve at most N gomux connections at once (default 64)
+       --max-streams N     serve at most N streams at once, across all connections (default
+                           1024); each holds a connection to its target
 SOCKS AUTH
        --socks-user USER --socks-password-file FILE
-                           require this user name and the password in FILE (its first line)
-                           from SOCKS5 clients (RFC 1929)
+                           require this user name (1 to 255 bytes) and the password in FILE
+                           (its first line; the file readable by its owner only) from SOCKS5
+                           clients (RFC 1929); each wrong password in a row is answered later
 SECURITY (entry and exit)
-       --key DIR           this end's key and certificate, as keygen wrote them
+       --key DIR           this end's key and certificate, as keygen wrote them (key.pem
+                           readable by its owner only)
        --peer-fingerprint HEX
                            the other end's certificate fingerprint, as keygen printed it
        --insecure          plain TCP instead: no authentication, no encryption
        --handshake-timeout SECONDS
                            close a connection (or a SOCKS5 stream) whose handshake takes
-                           longer (default 10)
-       --max-handshakes N  refuse connections (or SOCKS5 streams) beyond N handshakes in
-                           progress (default 64)
+                           longer (default 10); one silent for 2 s is closed then
+       --max-handshakes N  at most N handshakes in progress (default 64; 8 per address): a
+                           newcomer beyond takes the place of the oldest silent one; at a
+                           SOCKS exit, N SOCKS5 handshakes per gomux connection
 relay  --listen ADDR --target ADDR
                            forward each TCP connection on ADDR to its own connection to
                            ADDR, without gomux (a baseline for measurements)
-all    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
+ALL    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
                            being relayed this long to finish (default 30), then cut them; a
                            second Ctrl-C cuts them at once, a third exits at once
+       --log-format FORMAT text (default) or json: one JSON object per line
 
 Each listener's bound address is printed on standard output as `listening NAME ADDR`
 (NAME: clients, exits, entries or relay), so that port 0 can be asked for.
-RUST_LOG sets the log filter (default: info); logs go to standard error.";
+RUST_LOG sets the log filter (default: info); logs go to standard error, and a closed
+standard error or output never stops the tunnel.";
 
 /// The command line: which end to run, how it meets the other end, and how long its shutdown
 /// may take.
@@ -93,6 +108,15 @@ pub struct Args {
     pub security: SecurityArg,
     /// Bounds on the handshakes in progress (TLS, and SOCKS5 at a SOCKS exit).
     pub handshakes: Handshakes,
+    /// How log lines are written (`--log-format`).
+    pub log_format: LogFormat,
+    /// How long the entry's new client waits for a connection to the exit (`--exit-wait`).
+    pub exit_wait: Duration,
+    /// Whether the entry's clients speak SOCKS5 (`entry --socks`): one turned away gets a
+    /// SOCKS5 failure reply.
+    pub entry_socks: bool,
+    /// The most the exit serves at once (`--max-sessions`, `--max-streams`).
+    pub limits: Limits,
 }
 
 /// What the command line asked for.
@@ -200,7 +224,10 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                 "--exit",
                 "--accept-exit",
                 "--connections",
+                "--exit-wait",
+                "--socks",
                 "--drain",
+                "--log-format",
             ][..],
             SECURITY,
         ]
@@ -216,11 +243,14 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
                 "--priority",
                 "--socks-user",
                 "--socks-password-file",
+                "--max-sessions",
+                "--max-streams",
+                "--log-format",
             ][..],
             SECURITY,
         ]
         .concat(),
-        "relay" => vec!["--listen", "--target", "--drain"],
+        "relay" => vec!["--listen", "--target", "--drain", "--log-format"],
         "keygen" => vec!["--out"],
         "fingerprint" => vec!["--key"],
         unknown => {
@@ -244,9 +274,10 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
             String::new()
         } else {
             let what = match flag {
-                "--drain" | "--handshake-timeout" => "a number of seconds",
+                "--drain" | "--handshake-timeout" | "--exit-wait" => "a number of seconds",
                 "--connections" => "a number of connections",
-                "--max-handshakes" => "a number",
+                "--max-handshakes" | "--max-sessions" | "--max-streams" => "a number",
+                "--log-format" => "text or json",
                 "--key" | "--out" | "--socks-password-file" => "a path",
                 "--peer-fingerprint" => "a fingerprint",
                 "--allow" => "NETWORK:PORTS",
@@ -283,13 +314,32 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
     if let Some(value) = take("--handshake-timeout") {
         handshakes.timeout = seconds("--handshake-timeout", value)?;
     }
-    if let Some(value) = take("--max-handshakes") {
-        handshakes.limit = value
+    let count = |flag: &str, value: String| {
+        value
             .parse::<usize>()
             .ok()
             .filter(|&n| n > 0)
-            .ok_or_else(|| format!("--max-handshakes needs a number above 0, not {value:?}"))?;
+            .ok_or_else(|| format!("{flag} needs a number above 0, not {value:?}"))
+    };
+    if let Some(value) = take("--max-handshakes") {
+        handshakes.limit = count("--max-handshakes", value)?;
     }
+    let mut limits = Limits::default();
+    if let Some(value) = take("--max-sessions") {
+        limits.sessions = count("--max-sessions", value)?;
+    }
+    if let Some(value) = take("--max-streams") {
+        limits.streams = count("--max-streams", value)?;
+    }
+    let exit_wait = match take("--exit-wait") {
+        None => DEFAULT_EXIT_WAIT,
+        Some(value) => seconds("--exit-wait", value)?,
+    };
+    let log_format = match take("--log-format") {
+        None => LogFormat::default(),
+        Some(value) => value.parse()?,
+    };
+    let entry_socks = mode == "entry" && take("--socks").is_some();
     let ends = ["entry", "exit"].contains(&mode.as_str());
     let security = match if ends {
         (
@@ -377,6 +427,12 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
             };
             let socks_auth = match (take("--socks-user"), take("--socks-password-file")) {
                 (None, None) => None,
+                (Some(user), Some(_)) if user.is_empty() || user.len() > 255 => {
+                    return Err(format!(
+                        "--socks-user: a SOCKS5 user name is 1 to 255 bytes (RFC 1929), not {}",
+                        user.len()
+                    ))
+                }
                 (Some(user), Some(file)) if target == TargetArg::Socks => Some((user, file.into())),
                 (Some(_), Some(_)) => {
                     return Err("--socks-user applies to the SOCKS5 exit (--socks)".into())
@@ -412,6 +468,10 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         drain,
         security,
         handshakes,
+        log_format,
+        exit_wait,
+        entry_socks,
+        limits,
     })
 }
 
@@ -436,14 +496,17 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
         command,
         security,
         handshakes,
+        exit_wait,
+        entry_socks,
+        limits,
         ..
     } = args;
     let security = || -> Result<Meeting, Box<dyn StdError>> {
         let security = match &security {
             SecurityArg::Insecure => {
-                eprintln!(
-                    "gomux-tunnel: --insecure: the connection between the ends is neither \
-                     authenticated nor encrypted; whoever reaches its port can use the tunnel"
+                warn_at_start(
+                    "--insecure: the connection between the ends is neither authenticated nor \
+                     encrypted; whoever reaches its port can use the tunnel",
                 );
                 Security::Insecure
             }
@@ -464,11 +527,11 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             identity
                 .save(&out)
                 .map_err(|e| format!("cannot write the key into {}: {e}", out.display()))?;
-            println!("{}", identity.fingerprint());
+            say(identity.fingerprint());
             return Ok(Ran::Done);
         }
         Command::Fingerprint { key } => {
-            println!("{}", Identity::load(&key)?.fingerprint());
+            say(Identity::load(&key)?.fingerprint());
             return Ok(Ran::Done);
         }
         Command::Entry {
@@ -493,6 +556,8 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             };
             let options = EntryOptions {
                 connections,
+                client_wait: exit_wait,
+                socks: entry_socks,
                 ..EntryOptions::default()
             };
             run_entry(clients, exit, options, meeting, shutdown).await
@@ -513,7 +578,16 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
                     }
                     Destination::Fixed(target)
                 }
-                TargetArg::Socks => Destination::Socks,
+                TargetArg::Socks => {
+                    if allow.allows_all() {
+                        warn_at_start(
+                            "--socks without --allow: the exit connects its clients to any \
+                             address its host can reach (an open proxy for whoever can use the \
+                             entry)",
+                        );
+                    }
+                    Destination::Socks
+                }
             };
             let credentials = match socks_auth {
                 None => None,
@@ -525,6 +599,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             let options = ExitOptions {
                 allow,
                 priorities,
+                limits,
                 socks: SocksOptions {
                     credentials,
                     handshakes,
@@ -562,10 +637,8 @@ async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let mut out = std::io::stdout().lock();
     // Whoever started us may not read it; that is no reason to stop.
-    let _ = writeln!(out, "listening {name} {bound}");
-    let _ = out.flush();
+    say(format_args!("listening {name} {bound}"));
     Ok(listener)
 }
 
@@ -581,6 +654,7 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 
 /// The first line of `file`: a password kept out of the command line, which others can read.
 fn read_password(file: &Path) -> Result<String, String> {
+    crate::security::private(file).map_err(|e| e.to_string())?;
     let text = std::fs::read_to_string(file).map_err(|e| {
         format!(
             "cannot read the SOCKS5 password from {}: {e}",

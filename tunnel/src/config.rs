@@ -16,6 +16,10 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// `--drain` says otherwise.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 
+/// How long a new client at the entry waits for a connection to the exit while there is
+/// none, unless `--exit-wait` says otherwise; then it is turned away.
+pub const DEFAULT_EXIT_WAIT: Duration = Duration::from_secs(3);
+
 /// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
 /// largest gomux frame: big enough that bulk transfers go in large frames, small enough that a
 /// thousand idle connections hold 64 MiB of buffers per end rather than twice that.
@@ -53,13 +57,23 @@ pub fn mux_config() -> Config {
 }
 
 /// Bounds on the handshakes in progress: the TLS handshake of every connection an end accepts
-/// from the other, and the SOCKS5 greeting and request at the start of every stream of a SOCKS
-/// exit. Each kind has its own count.
+/// from the other (`exit --listen`, `entry --accept-exit`), and the SOCKS5 greeting and
+/// request at the start of every stream of a SOCKS exit.
 ///
-/// A connection (or stream) that has not finished its handshake within `timeout` is closed,
-/// and while `limit` of them are in progress, new ones are refused at once: a peer that opens
-/// connections and sends nothing (slowloris) holds at most `limit` sockets and tasks, for at
-/// most `timeout` each, and authenticated traffic goes on beside it.
+/// At an exposed listener, a connection has [`FIRST_BYTES_TIMEOUT`] to send its first bytes
+/// and `timeout` to finish its handshake, and at most `limit` handshakes are in progress, at
+/// most `per_source` of them from one address. A newcomer beyond either takes the place of
+/// a connection still in its handshake (see `admission`): a silent one before one that has
+/// spoken, from the address holding the most, the oldest first, once its task has looked at
+/// it, and by a newcomer that has not spoken only once it is [`HANDSHAKE_GRACE`] old (up to
+/// twice `limit` connections are let in meanwhile; beyond, a newcomer that has not spoken is
+/// refused).
+/// So a stranger who opens connections and sends nothing (slowloris), from one address or
+/// many, holds at most twice `limit` sockets, none for long, and never keeps a real peer,
+/// which speaks at once and finishes in milliseconds, from getting in.
+///
+/// At a SOCKS exit, each gomux connection has `limit` places for SOCKS5 handshakes of its own
+/// (see `socks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handshakes {
     /// The longest a handshake may take (`--handshake-timeout`, 10 s by default).
@@ -67,6 +81,9 @@ pub struct Handshakes {
     /// The most handshakes in progress at once, of each kind (`--max-handshakes`, 64 by
     /// default).
     pub limit: usize,
+    /// The most handshakes in progress at an exposed listener from one address
+    /// (8 by default).
+    pub per_source: usize,
 }
 
 impl Default for Handshakes {
@@ -74,6 +91,61 @@ impl Default for Handshakes {
         Handshakes {
             timeout: Duration::from_secs(10),
             limit: 64,
+            per_source: 8,
+        }
+    }
+}
+
+/// How long a silent connection in its handshake at an exposed listener keeps its place from
+/// a newcomer that has not spoken either: strangers who reopen every connection closed then
+/// make the listener close at most twice `--max-handshakes` connections a second, not as many
+/// as it can accept.
+pub const HANDSHAKE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection accepted at an exposed listener may stay silent before its first
+/// bytes (a TLS ClientHello, which a real peer sends at once); at most the handshake timeout.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a SOCKS5 stream at the exit may stay silent before its greeting, which a real
+/// client sends at once. A silent stream holds no handshake place meanwhile.
+pub const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a SOCKS5 greeting waits for one of its connection's handshake places to free up
+/// before its stream is closed.
+pub const HANDSHAKE_PLACE_WAIT: Duration = Duration::from_secs(1);
+
+/// The most client connections from one address that the entry carries while they are still
+/// silent (no byte either way yet); a newcomer beyond takes the place of that address's oldest
+/// silent one, which is closed. A stranger's idle connections thus cost the exit at most this
+/// many streams per address that it keeps open.
+pub const SILENT_PER_CLIENT: usize = 16;
+
+/// The most silent client connections (as [`SILENT_PER_CLIENT`]) the entry carries in all.
+pub const SILENT_CLIENTS: usize = 1024;
+
+/// How long a client connection at the entry may be silent before a newcomer can take its
+/// place: a burst of real clients, which send their first bytes a moment after connecting, is
+/// let in whole (beyond the limits, up to four times [`SILENT_CLIENTS`]) rather than cut.
+pub const SILENT_GRACE: Duration = Duration::from_secs(1);
+
+/// What an exit serves at most, across all its gomux connections: an entry that holds the
+/// key (or whoever has stolen it) cannot grow the exit beyond these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Gomux connections at once (`--max-sessions`, 64 by default: an entry's most
+    /// `--connections`). A connection beyond is closed once authenticated.
+    pub sessions: usize,
+    /// Streams being served at once, across all connections (`--max-streams`, 1024 by
+    /// default): each holds a connection to its target (a descriptor) and two copy buffers
+    /// of [`COPY_BUFFER`] bytes. A stream beyond is refused (reset) at once.
+    pub streams: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            sessions: 64,
+            streams: 1024,
         }
     }
 }

@@ -8,12 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gomux::{Role, Session};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::config::{mux_config, Handshakes};
+use crate::admission::{Admission, Newcomer};
+use crate::config::{mux_config, Handshakes, FIRST_BYTES_TIMEOUT, HANDSHAKE_GRACE};
 use crate::drain::{tracked, Shutdown, Work};
+use crate::outage::Outage;
+use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, connect};
 use crate::security::{Connection, Security};
 
@@ -46,10 +49,13 @@ pub(crate) async fn dial(
 /// the logs.
 ///
 /// Each connection is authenticated in a task of its own (see [`Security::accepted`]), within
-/// the handshake timeout and with at most `limit` handshakes in progress: beyond that a new
-/// connection is closed at once. A connection that fails, or times out, is logged once with
-/// its address and closed; nothing of the tunnel was reachable through it. Only then does a
-/// gomux session start on it, in the server role, and `serve` run it with its number.
+/// the bounds of [`Handshakes`]: its first bytes within [`FIRST_BYTES_TIMEOUT`], the whole
+/// handshake within the handshake timeout, and a place among those in progress, which a
+/// newcomer may take from it meanwhile (see `admission`). A connection that fails, times
+/// out or loses its place is logged with its address (a few lines per address, then a count:
+/// see `refusals`) and closed; nothing of the tunnel was reachable through it. Only then does
+/// a gomux session start on it, in the server role, and `serve` run it with its number; with
+/// `max_sessions`, one beyond that many at once is closed instead.
 ///
 /// This is the one accept loop of both ends: the exit accepting entries (`exit --listen`) and
 /// the entry accepting exits (`entry --accept-exit`).
@@ -57,6 +63,7 @@ pub(crate) async fn accept_sessions<F, Fut>(
     listener: TcpListener,
     other: &'static str,
     meeting: Meeting,
+    max_sessions: Option<usize>,
     shutdown: Shutdown,
     work: Work,
     serve: F,
@@ -66,43 +73,135 @@ pub(crate) async fn accept_sessions<F, Fut>(
 {
     let serve = Arc::new(serve);
     let handshakes = meeting.handshakes;
-    let in_progress = Arc::new(Semaphore::new(handshakes.limit));
+    let admission = Admission::new(
+        handshakes.limit,
+        handshakes.per_source,
+        HANDSHAKE_GRACE,
+        2 * handshakes.limit,
+    );
+    let refusals = Refusals::default();
+    let sessions = max_sessions.map(|limit| (limit, Arc::new(Semaphore::new(limit))));
+    let mut summaries = tokio::time::interval(PERIOD);
     let mut count = 0u64;
     loop {
-        let (socket, peer) = tokio::select! {
+        let (mut socket, peer) = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => return,
+            _ = summaries.tick() => {
+                refusals.summarise(&format!("{other} handshakes refused"));
+                continue;
+            }
             accepted = accept(&listener) => accepted,
         };
-        let Ok(permit) = Arc::clone(&in_progress).try_acquire_owned() else {
-            warn!(%peer, limit = handshakes.limit, "too many handshakes in progress; connection refused");
+        // The place cannot be taken before the task has looked at the connection: a real
+        // peer's first bytes may be on their way while the loop accepts strangers.
+        let mut admitted = admission.admit(peer, Newcomer::Unchecked);
+        if admitted.is_none() && meeting.security.is_pinned() {
+            // At the hard bound: a newcomer that has spoken already is still let in.
+            let Ok((spoken, talking)) = has_spoken(socket) else {
+                continue;
+            };
+            socket = spoken;
+            if talking {
+                admitted = admission.admit(peer, Newcomer::Talking);
+            }
+        }
+        let Some((ticket, evicted)) = admitted else {
+            if refusals.log_one(peer.ip()) {
+                warn!(
+                    %peer,
+                    limit = handshakes.limit,
+                    "too many {other} handshakes in progress; connection refused"
+                );
+            }
             continue;
         };
+        if let Some(evicted) = evicted {
+            if refusals.log_one(evicted.peer.ip()) {
+                warn!(
+                    peer = %evicted.peer,
+                    held = ?evicted.held,
+                    limit = handshakes.limit,
+                    per_address = handshakes.per_source,
+                    "{other} handshake unfinished; closed to make room for a newcomer"
+                );
+            }
+        }
         count += 1;
         let number = count;
-        let (serve, security, shutdown) = (
+        let (serve, security, shutdown, refusals, sessions) = (
             Arc::clone(&serve),
             meeting.security.clone(),
             shutdown.clone(),
+            refusals.clone(),
+            sessions.clone(),
         );
         let task = async move {
-            let handshake = tokio::time::timeout(handshakes.timeout, security.accepted(socket));
+            // Plain TCP has no handshake to wait for.
+            let socket = if security.is_pinned() {
+                match has_spoken(socket) {
+                    Ok((socket, spoken)) => {
+                        ticket.checked(spoken);
+                        socket
+                    }
+                    Err(_) => return,
+                }
+            } else {
+                ticket.checked(false);
+                socket
+            };
+            let started = tokio::time::Instant::now();
+            let deadline = started + handshakes.timeout;
+            let handshake = async {
+                if security.is_pinned() {
+                    // A real peer's ClientHello comes at once: a connection that stays silent
+                    // is given up early. (Plain TCP has no handshake to wait for.)
+                    let first = started + FIRST_BYTES_TIMEOUT.min(handshakes.timeout);
+                    let mut byte = [0; 1];
+                    let peeked = tokio::time::timeout_at(first, socket.peek(&mut byte));
+                    match peeked.await {
+                        Err(_) => return Err(Refused::Silent),
+                        Ok(Ok(1)) if byte[0] != TLS_HANDSHAKE_RECORD => {
+                            return Err(Refused::NotTls(byte[0]))
+                        }
+                        Ok(_) => ticket.checked(true),
+                    }
+                }
+                match tokio::time::timeout_at(deadline, security.accepted(socket)).await {
+                    Ok(Ok(connection)) => Ok(connection),
+                    Ok(Err(error)) => Err(Refused::Failed(error)),
+                    Err(_) => Err(Refused::TimedOut),
+                }
+            };
             let secured = tokio::select! {
                 biased;
                 () = shutdown.begin.cancelled() => return,
+                // Logged by the accept loop.
+                () = ticket.evicted.cancelled() => return,
                 secured = handshake => secured,
             };
-            drop(permit);
+            drop(ticket);
             let connection = match secured {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(error)) => {
-                    warn!(%peer, %error, "{other} handshake failed; connection refused");
+                Ok(connection) => connection,
+                Err(refused) => {
+                    if refusals.log_one(peer.ip()) {
+                        refused.log(other, peer, &handshakes);
+                    }
                     return;
                 }
-                Err(_) => {
-                    warn!(%peer, timeout = ?handshakes.timeout, "{other} handshake timed out; connection refused");
-                    return;
-                }
+            };
+            let _place = match sessions {
+                None => None,
+                Some((limit, sessions)) => match sessions.try_acquire_owned() {
+                    Ok(place) => Some(place),
+                    Err(_) => {
+                        warn!(
+                            limit,
+                            "too many {other} connections (--max-sessions); closing this one"
+                        );
+                        return;
+                    }
+                },
             };
             info!("{other} connected");
             let session = Session::with_config(connection, Role::Server, mux_config());
@@ -110,6 +209,57 @@ pub(crate) async fn accept_sessions<F, Fut>(
         };
         let span = info_span!("session", session = number, %peer);
         tokio::spawn(tracked(work.sessions.track(), task).instrument(span));
+    }
+}
+
+/// Whether `socket` has bytes waiting to be read, without waiting or reading them.
+fn has_spoken(socket: TcpStream) -> io::Result<(TcpStream, bool)> {
+    let socket = socket.into_std()?;
+    let mut byte = [0; 1];
+    // Non-blocking: `WouldBlock` when nothing has come yet.
+    let spoken = matches!(socket.peek(&mut byte), Ok(1));
+    Ok((TcpStream::from_std(socket)?, spoken))
+}
+
+/// The first byte of a TLS handshake record, which a TLS client's first message starts with.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Why a connection accepted at an exposed listener was refused.
+enum Refused {
+    /// No byte within [`FIRST_BYTES_TIMEOUT`].
+    Silent,
+    /// Its first byte is not that of a TLS handshake.
+    NotTls(u8),
+    /// The TLS handshake failed.
+    Failed(io::Error),
+    /// The handshake did not finish in time.
+    TimedOut,
+}
+
+impl Refused {
+    fn log(&self, other: &str, peer: SocketAddr, handshakes: &Handshakes) {
+        match self {
+            Refused::Silent => warn!(
+                %peer,
+                timeout = ?FIRST_BYTES_TIMEOUT,
+                "{other} handshake timed out: nothing sent; connection refused"
+            ),
+            Refused::NotTls(byte) => warn!(
+                %peer,
+                first_byte = format_args!("{byte:#04x}"),
+                "{other} handshake failed: not TLS (an end started with --insecure speaks plain \
+                 gomux; both ends need --key and --peer-fingerprint, or both --insecure); \
+                 connection refused"
+            ),
+            Refused::Failed(error) => {
+                warn!(%peer, %error, "{other} handshake failed; connection refused")
+            }
+            Refused::TimedOut => warn!(
+                %peer,
+                timeout = ?handshakes.timeout,
+                "{other} handshake timed out; connection refused"
+            ),
+        }
     }
 }
 
@@ -148,13 +298,13 @@ pub(crate) struct Dialler {
     addr: SocketAddr,
     redial: Redial,
     meeting: Meeting,
-    /// "exit" or "entry", for the logs.
-    other: &'static str,
     /// How many connections have been made, so that logs can tell them apart.
     pub(crate) number: u64,
     delay: Duration,
     /// When the latest connection was made.
     connected_at: Option<Instant>,
+    /// Logs the failed dials once per outage.
+    outage: Outage,
 }
 
 impl Dialler {
@@ -169,9 +319,9 @@ impl Dialler {
             meeting,
             delay: redial.backoff_initial,
             redial,
-            other,
             number: 0,
             connected_at: None,
+            outage: Outage::new(other),
         }
     }
 
@@ -191,13 +341,17 @@ impl Dialler {
         loop {
             match dial(self.addr, self.redial.dial_timeout, &self.meeting).await {
                 Ok(socket) => {
+                    self.outage.up();
                     self.number += 1;
                     self.connected_at = Some(Instant::now());
                     return Session::with_config(socket, Role::Client, mux_config());
                 }
                 Err(error) => {
-                    let (addr, other) = (self.addr, self.other);
-                    warn!(%addr, %error, retry_in = ?self.delay, "cannot reach the {other}");
+                    let addr = self.addr;
+                    self.outage.down(format_args!(
+                        "{addr}: {error}; next try in {:?}",
+                        self.delay
+                    ));
                     self.pause().await;
                 }
             }

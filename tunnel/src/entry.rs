@@ -3,20 +3,29 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use gomux::{Error, Pool, PooledSession, Session, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument, Span};
 
-use crate::config::mux_config;
+use crate::admission::{Admission, Newcomer, Ticket};
+use crate::config::{
+    mux_config, DEFAULT_EXIT_WAIT, SILENT_CLIENTS, SILENT_GRACE, SILENT_PER_CLIENT,
+};
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::outage::Outage;
+use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, carry};
 use crate::socks_watch::Watched;
+use crate::turn_away::refuse_socks;
 
 /// How the entry keeps its connections to the exit, and how long clients wait for one.
 #[derive(Debug, Clone)]
@@ -25,8 +34,12 @@ pub struct EntryOptions {
     pub redial: Redial,
     /// How many connections the entry keeps to the exit when it dials it (`--connections`).
     pub connections: usize,
-    /// How long a new client waits for a connection to the exit before it is turned away.
+    /// How long a new client waits for a connection to the exit before it is turned away
+    /// (`--exit-wait`; zero turns it away at once).
     pub client_wait: Duration,
+    /// Whether the clients speak SOCKS5 to the exit (`entry --socks`): a client turned away
+    /// gets a SOCKS5 failure reply rather than a silent close.
+    pub socks: bool,
 }
 
 impl Default for EntryOptions {
@@ -34,7 +47,8 @@ impl Default for EntryOptions {
         EntryOptions {
             redial: Redial::default(),
             connections: 1,
-            client_wait: Duration::from_secs(10),
+            client_wait: DEFAULT_EXIT_WAIT,
+            socks: false,
         }
     }
 }
@@ -87,20 +101,25 @@ pub async fn run_entry(
             // is none. Every client task reads the latest value; only the tasks that accept the
             // connections write it.
             let (publish, links) = watch::channel(None);
+            let outage = Outage::new("exit");
             let accept = {
+                let outage = outage.clone();
                 let (shutdown, work) = (shutdown.clone(), work.clone());
                 accept_sessions(
                     listener,
                     "exit",
                     meeting,
+                    None,
                     shutdown.clone(),
                     work.clone(),
                     move |number, session| {
                         let (publish, shutdown, work) =
                             (publish.clone(), shutdown.clone(), work.clone());
+                        let outage = outage.clone();
                         async move {
                             let reason =
-                                carry_clients(number, session, &publish, &shutdown, &work).await;
+                                carry_clients(number, session, &publish, &outage, &shutdown, &work)
+                                    .await;
                             // When shutting down, the drain has logged how it went.
                             if !shutdown.begin.is_cancelled() {
                                 if reason.is_graceful() {
@@ -114,21 +133,54 @@ pub async fn run_entry(
                 )
             };
             (
-                Exits::Latest(links),
+                Exits::Latest(links, outage),
                 tokio::spawn(tracked(connecting, accept)),
             )
         }
     };
     let _connections = AbortOnDrop(connections);
 
+    // Places for the clients that are still silent, per address (see `Silent`).
+    let silent = Admission::new(
+        SILENT_CLIENTS,
+        SILENT_PER_CLIENT,
+        SILENT_GRACE,
+        4 * SILENT_CLIENTS,
+    );
+    let refusals = Refusals::default();
+    let mut summaries = tokio::time::interval(PERIOD);
     let mut count = 0u64;
     loop {
         let (socket, peer) = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => break,
+            _ = summaries.tick() => {
+                refusals.summarise("silent clients closed");
+                continue;
+            }
             accepted = accept(&clients) => accepted,
         };
         count += 1;
+        let Some((ticket, evicted)) = silent.admit(peer, Newcomer::Silent) else {
+            if refusals.log_one(peer.ip()) {
+                warn!(
+                    %peer,
+                    most = 4 * SILENT_CLIENTS,
+                    "too many silent client connections; closing this one"
+                );
+            }
+            continue;
+        };
+        if let Some(evicted) = evicted {
+            if refusals.log_one(evicted.peer.ip()) {
+                warn!(
+                    peer = %evicted.peer,
+                    silent_for = ?evicted.held,
+                    per_address = SILENT_PER_CLIENT,
+                    "too many silent connections from this client address; closing the oldest"
+                );
+            }
+        }
 
         // Every log line about this client carries its number and address; the session and
         // stream ids are filled in once they are known.
@@ -140,7 +192,12 @@ pub async fn run_entry(
             stream = tracing::field::Empty,
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
-        let client = serve_client(socket, exits.clone(), options.client_wait, shutdown.clone());
+        let client = serve_client(
+            Silent::new(socket, ticket),
+            exits.clone(),
+            options.clone(),
+            shutdown.clone(),
+        );
         tokio::spawn(tracked(work.relays.track(), client).instrument(span));
     }
     // Clients that connect from now on are refused.
@@ -153,8 +210,9 @@ pub async fn run_entry(
 enum Exits {
     /// Through the entry's own connections to the exit.
     Dialled(Dialled),
-    /// Through the latest connection an exit dialled in on: `None` while there is none.
-    Latest(watch::Receiver<Option<Link>>),
+    /// Through the latest connection an exit dialled in on: `None` while there is none. The
+    /// outage is told when clients are turned away for want of one, and when one comes.
+    Latest(watch::Receiver<Option<Link>>, Outage),
 }
 
 /// The entry's connections to the exit when it dials it: a [`Pool`] of `--connections`, and
@@ -187,21 +245,27 @@ impl Dialled {
             backoff_max,
             dial_timeout,
         } = options.redial;
+        // Logs the failed dials once per outage.
+        let outage = Outage::new("exit");
         let pool = Pool::builder(options.connections)
             .config(mux_config())
             .backoff(backoff_initial, backoff_max)
             .connect_timeout(dial_timeout + meeting.handshakes.timeout)
-            .build(move || {
-                let meeting = meeting.clone();
-                async move {
-                    match dial(exit, dial_timeout, &meeting).await {
-                        Ok(socket) => {
-                            info!(%exit, "connected to the exit");
-                            Ok(socket)
-                        }
-                        Err(error) => {
-                            warn!(%exit, %error, "cannot reach the exit");
-                            Err(error)
+            .build({
+                let outage = outage.clone();
+                move || {
+                    let (meeting, outage) = (meeting.clone(), outage.clone());
+                    async move {
+                        match dial(exit, dial_timeout, &meeting).await {
+                            Ok(socket) => {
+                                outage.up();
+                                info!(%exit, "connected to the exit");
+                                Ok(socket)
+                            }
+                            Err(error) => {
+                                outage.down(format_args!("{exit}: {error}"));
+                                Err(error)
+                            }
                         }
                     }
                 }
@@ -252,7 +316,15 @@ impl Dialled {
                     debug!("shutting down; turning the client away");
                     return None;
                 }
-                opened = tokio::time::timeout_at(deadline, self.pool.open_with_session()) => opened,
+                // The wait is for a connection to be had: one that is up is used whatever
+                // the wait (even none).
+                opened = async {
+                    if self.pool.live() > 0 {
+                        Ok(self.pool.open_with_session().await)
+                    } else {
+                        tokio::time::timeout_at(deadline, self.pool.open_with_session()).await
+                    }
+                } => opened,
             };
             let error = match opened {
                 Ok(Ok((stream, pooled))) => {
@@ -273,7 +345,8 @@ impl Dialled {
             // reached): wait a little, until the deadline.
             let retry = (tokio::time::Instant::now() + self.retry).min(deadline);
             if retry >= deadline {
-                warn!(%error, ?wait, "no connection to the exit; turning the client away");
+                // The failed dials have said so, once per outage.
+                debug!(%error, ?wait, "no connection to the exit; turning the client away");
                 return None;
             }
             tokio::time::sleep_until(retry).await;
@@ -325,6 +398,7 @@ async fn carry_clients(
     number: u64,
     session: Session,
     publish: &watch::Sender<Option<Link>>,
+    outage: &Outage,
     shutdown: &Shutdown,
     work: &Work,
 ) -> Error {
@@ -334,6 +408,7 @@ async fn carry_clients(
         session: session.clone(),
         end: end.clone(),
     }));
+    outage.up();
 
     // Nothing to do until the connection dies, or the shutdown begins. Then every client it
     // carried is told (after a drain, none is left).
@@ -358,13 +433,38 @@ async fn carry_clients(
     reason
 }
 
-/// Forwards one client connection through a gomux connection to the exit.
-async fn serve_client(client: TcpStream, exits: Exits, wait: Duration, shutdown: Shutdown) {
+/// Forwards one client connection through a gomux connection to the exit; closes it at
+/// once if it loses its place while it is still silent.
+async fn serve_client(
+    client: Silent<TcpStream>,
+    exits: Exits,
+    options: EntryOptions,
+    shutdown: Shutdown,
+) {
+    let evicted = client.evicted.clone();
+    tokio::select! {
+        biased;
+        // Logged by the accept loop; nothing was sent either way, so nothing is lost.
+        () = evicted.cancelled() => {}
+        () = forward_client(client, exits, &options, shutdown) => {}
+    }
+}
+
+async fn forward_client(
+    mut client: Silent<TcpStream>,
+    exits: Exits,
+    options: &EntryOptions,
+    shutdown: Shutdown,
+) {
+    let wait = options.client_wait;
     let opened = match exits {
         Exits::Dialled(dialled) => dialled.open(wait).await,
-        Exits::Latest(links) => open_on_latest(links, wait, &shutdown).await,
+        Exits::Latest(links, outage) => open_on_latest(links, wait, &shutdown, &outage).await,
     };
     let Some((number, stream, end)) = opened else {
+        if options.socks {
+            refuse_socks(&mut client).await;
+        }
         return;
     };
     let span = Span::current();
@@ -383,6 +483,7 @@ async fn open_on_latest(
     mut links: watch::Receiver<Option<Link>>,
     wait: Duration,
     shutdown: &Shutdown,
+    outage: &Outage,
 ) -> Option<(u64, Stream, SessionEnd)> {
     let deadline = tokio::time::Instant::now() + wait;
 
@@ -399,13 +500,21 @@ async fn open_on_latest(
                 return None;
             }
             newer = tokio::time::timeout_at(deadline, newer) => match newer {
-                Ok(Ok(link)) => link.clone(),
+                Ok(Ok(link)) => Ok(link.clone()),
                 Ok(Err(_)) => return None, // nothing publishes connections any more: the entry stopped
-                Err(_) => {
-                    warn!(?wait, "no connection to the exit; turning the client away");
-                    return None;
-                }
+                Err(timed_out) => Err(timed_out),
             },
+        };
+        let link = match link {
+            Ok(link) => link,
+            Err(_) => {
+                // Unless one came just now.
+                if links.borrow().is_none() {
+                    outage.down("no exit has dialled in");
+                }
+                debug!(?wait, "no connection to the exit; turning the client away");
+                return None;
+            }
         };
         let Some(link) = link else { continue };
         match link.session.open().await {
@@ -417,5 +526,65 @@ async fn open_on_latest(
                 return None;
             }
         }
+    }
+}
+
+/// A client connection that holds a place among the silent ones until a byte passes either
+/// way: a connection that has spoken, or been spoken to, is no longer a stranger's idle
+/// socket (a server that speaks first, as SMTP or MySQL, makes a pooled connection so at
+/// once).
+struct Silent<T> {
+    io: T,
+    ticket: Option<Ticket>,
+    /// Cancelled if the place is taken from it while it is silent.
+    evicted: CancellationToken,
+}
+
+impl<T> Silent<T> {
+    fn new(io: T, ticket: Ticket) -> Silent<T> {
+        Silent {
+            io,
+            evicted: ticket.evicted.clone(),
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Silent<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.ticket = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Silent<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = ready!(Pin::new(&mut this.io).poll_write(cx, data))?;
+        if n > 0 {
+            this.ticket = None;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

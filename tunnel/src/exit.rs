@@ -5,14 +5,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use gomux::{Error, Session, Stream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::config::{AllowList, Credentials, Handshakes, Priorities, TARGET_CONNECT_TIMEOUT};
+use crate::config::{
+    AllowList, Credentials, Handshakes, Limits, Priorities, TARGET_CONNECT_TIMEOUT,
+};
 use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
 use crate::relay::{carry, connect};
-use crate::socks::forward_socks;
+use crate::socks::{forward_socks, places, Guesses, SocksServer};
 
 /// What an exit may do, and how it dials the entry when it does.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +27,8 @@ pub struct ExitOptions {
     pub socks: SocksOptions,
     /// The send priority of each stream, by its target (`--priority`; by default, 0 for all).
     pub priorities: Priorities,
+    /// The most gomux connections and streams it serves at once.
+    pub limits: Limits,
 }
 
 /// How the SOCKS5 exit greets its clients.
@@ -38,14 +42,15 @@ pub struct SocksOptions {
 }
 
 /// What every stream of the exit is served with, shared by all its sessions.
-pub(crate) struct Serving {
-    pub(crate) destination: Destination,
-    pub(crate) allow: AllowList,
-    pub(crate) priorities: Priorities,
-    pub(crate) credentials: Option<Credentials>,
-    pub(crate) socks_timeout: std::time::Duration,
-    /// One permit per SOCKS5 handshake in progress.
-    pub(crate) socks_handshakes: Arc<Semaphore>,
+struct Serving {
+    destination: Destination,
+    allow: AllowList,
+    priorities: Priorities,
+    /// The SOCKS5 server, in SOCKS5 mode.
+    socks: Arc<SocksServer>,
+    /// One permit per stream being served, across all sessions.
+    streams: Arc<Semaphore>,
+    limits: Limits,
 }
 
 /// Where the exit connects its streams.
@@ -88,11 +93,17 @@ pub async fn run_exit(
 ) -> ShutdownReport {
     let serving = Arc::new(Serving {
         destination,
+        socks: Arc::new(SocksServer {
+            credentials: options.socks.credentials,
+            allow: options.allow.clone(),
+            priorities: options.priorities.clone(),
+            handshakes: options.socks.handshakes,
+            guesses: Guesses::default(),
+        }),
         allow: options.allow,
         priorities: options.priorities,
-        credentials: options.socks.credentials,
-        socks_timeout: options.socks.handshakes.timeout,
-        socks_handshakes: Arc::new(Semaphore::new(options.socks.handshakes.limit)),
+        streams: Arc::new(Semaphore::new(options.limits.streams)),
+        limits: options.limits,
     });
     let work = Work::default();
     let connecting = work.sessions.track();
@@ -103,6 +114,7 @@ pub async fn run_exit(
                 listener,
                 "entry",
                 meeting,
+                Some(options.limits.sessions),
                 shutdown.clone(),
                 work.clone(),
                 move |_, session| {
@@ -172,6 +184,9 @@ async fn serve_streams(
     // once, while its streams go on.
     let end = SessionEnd::default();
     let mut streams = 0u64;
+    // This session's SOCKS5 handshake places: other sessions' streams cannot take them.
+    let socks_places = places(&serving.socks.handshakes);
+    let mut refused = 0u64;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -187,25 +202,37 @@ async fn serve_streams(
         streams += 1;
         // The span nests in the session's, so each line names both ids.
         let span = info_span!("stream", stream = stream.id());
+        // Taken before the task, so that the streams of all sessions together hold at most
+        // the limit of tasks, target connections and buffers; beyond it, a stream is closed
+        // at once (dropped, which resets it).
+        let Ok(permit) = Arc::clone(&serving.streams).try_acquire_owned() else {
+            refused += 1;
+            // The first, then one in a thousand: a flood of them is one line per thousand.
+            if refused % 1000 == 1 {
+                span.in_scope(|| {
+                    warn!(
+                        limit = serving.limits.streams,
+                        refused,
+                        "too many streams being served (--max-streams); closing the stream"
+                    )
+                });
+            }
+            continue;
+        };
         let end = end.clone();
         let forward = match serving.destination {
             Destination::Fixed(target) => {
                 let allowed = serving.allow.allows(target);
                 stream.set_priority(serving.priorities.of(target));
-                Box::pin(async move { forward(stream, end, target, allowed).await })
+                Box::pin(forward(stream, end, target, allowed, permit))
                     as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
             }
             Destination::Socks => {
-                // Taken before the task, so that a flood of streams that never send their
-                // request holds at most the limit of tasks; beyond it, a stream is closed at
-                // once (dropped, which resets it).
-                let Ok(permit) = Arc::clone(&serving.socks_handshakes).try_acquire_owned() else {
-                    span.in_scope(|| {
-                        warn!("too many SOCKS5 handshakes in progress; closing the stream")
-                    });
-                    continue;
-                };
-                Box::pin(forward_socks(stream, end, Arc::clone(serving), permit))
+                let (server, places) = (Arc::clone(&serving.socks), Arc::clone(&socks_places));
+                Box::pin(async move {
+                    let _permit = permit;
+                    forward_socks(stream, end, server, places).await;
+                })
             }
         };
         tokio::spawn(tracked(work.relays.track(), forward).instrument(span));
@@ -217,7 +244,13 @@ async fn serve_streams(
 
 /// Connects one stream to the target and relays until both directions are done. A target the
 /// allow-list forbids is not dialled: the stream is closed.
-async fn forward(mut stream: Stream, end: SessionEnd, target: SocketAddr, allowed: bool) {
+async fn forward(
+    mut stream: Stream,
+    end: SessionEnd,
+    target: SocketAddr,
+    allowed: bool,
+    _permit: OwnedSemaphorePermit,
+) {
     if !allowed {
         warn!(%target, "the target is not allowed (--allow); closing the stream");
         let _ = stream.close().await;

@@ -24,7 +24,13 @@
 //! - [`entry`] and [`exit`] (with [`socks`]): the two ends; the entry also watches the
 //!   SOCKS5 exchanges it carries, to log the exit's refusals with the client's address;
 //! - [`relay`]: copying bytes between TCP and a stream, and the plain relay baseline;
-//! - [`drain`]: the two-step shutdown a signal fires.
+//! - [`drain`]: the two-step shutdown a signal fires;
+//! - [`logging`]: where the output goes, and why writing it never fails the process.
+//!
+//! Beside them, the bounds a stranger meets: `admission` (the places of connections still in
+//! their handshake, or still silent at the entry), `refusals` (log lines summarised per
+//! source address), `outage` (an outage of the other end logged once), and `turn_away` (the
+//! SOCKS5 reply of a client the entry cannot carry).
 //!
 //! # What each failure ends
 //!
@@ -40,8 +46,9 @@
 //!   logged once with its address and closed; no gomux session started on it.
 //! - When the gomux connection itself dies, every client connection it carried is closed, and
 //!   the dialling end dials again, waiting longer after each failed attempt (exponential
-//!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for a while
-//!   (with `--connections K`, they go to the other connections while there are any).
+//!   backoff, capped). Clients that arrive meanwhile wait for the new connection, for
+//!   `--exit-wait` (3 s by default; with `--connections K`, they go to the other connections
+//!   while there are any).
 //!
 //! # Shutting down
 //!
@@ -60,16 +67,21 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
 pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod drain;
 pub mod entry;
 pub mod exit;
+pub mod logging;
+mod outage;
+mod refusals;
 pub mod relay;
 pub mod security;
 pub mod socks;
 mod socks_watch;
+mod turn_away;
 
 pub use connect::{Meeting, Peer, Redial};
 pub use drain::{SessionEnd, Shutdown, ShutdownReport};

@@ -2,52 +2,49 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::{self, IsTerminal};
+use std::io;
 use std::process;
 
 use gomux_tunnel::cli::{parse_args, run, USAGE};
+use gomux_tunnel::logging::{self, complain, say};
 use gomux_tunnel::Shutdown;
 use tracing::{info, warn};
 
 #[tokio::main]
 async fn main() {
-    // `RUST_LOG` decides what is logged; without it, `info` shows connections between the
-    // ends coming and going but not every client.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(io::stderr)
-        // Colours only for a person watching, not in log files.
-        .with_ansi(io::stderr().is_terminal())
-        .init();
-
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args
-        .first()
-        .is_some_and(|arg| ["-h", "--help", "help"].contains(&arg.as_str()))
-    {
-        println!("{USAGE}");
-        return;
+    match args.first().map(String::as_str) {
+        Some("-h" | "--help" | "help") => return say(USAGE),
+        Some("-V" | "--version" | "version") => {
+            return say(format_args!("gomux-tunnel {}", env!("CARGO_PKG_VERSION")))
+        }
+        _ => {}
     }
-    // Check the whole command line before starting anything.
+    // Check the whole command line before starting anything: one line says what is wrong.
     let args = parse_args(&args).unwrap_or_else(|problem| {
-        eprintln!("gomux-tunnel: {problem}\n\n{USAGE}");
+        complain(format_args!(
+            "gomux-tunnel: {problem}\n(gomux-tunnel --help shows every option)"
+        ));
         process::exit(2)
     });
+
+    // `RUST_LOG` decides what is logged; without it, `info` shows connections between the
+    // ends coming and going but not every client. No log line, written or not, can fail the
+    // process (see `logging`).
+    logging::init(args.log_format);
 
     // Take over the signals before anything starts, so that none arrives while their default
     // action (ending the process on the spot) still applies.
     let signals = Signals::new().unwrap_or_else(|error| {
-        eprintln!("gomux-tunnel: cannot handle signals: {error}");
+        complain(format_args!("gomux-tunnel: cannot handle signals: {error}"));
         process::exit(1)
     });
     let shutdown = Shutdown::new(args.drain);
     tokio::spawn(shut_down_on_signals(signals, shutdown.clone()));
 
     // Runs until the work fails, or a signal has shut it down.
-    if let Err(error) = run(args, shutdown).await {
-        eprintln!("gomux-tunnel: {error}");
+    if let Err(problem) = run(args, shutdown).await {
+        complain(format_args!("gomux-tunnel: {problem}"));
         process::exit(1);
     }
 }

@@ -188,6 +188,7 @@ impl Identity {
             )
         };
         let (cert_path, cert_pem) = read(CERT_FILE)?;
+        private(&dir.join(KEY_FILE))?;
         let (key_path, key_pem) = read(KEY_FILE)?;
         let cert =
             CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| bad(&cert_path, &e))?;
@@ -202,7 +203,8 @@ impl Identity {
     }
 
     /// Writes `cert.pem` and `key.pem` into `dir` (made if missing), the key readable by its
-    /// owner only. Refuses to overwrite an existing key.
+    /// owner only. Both files are created anew: an existing file, or a symbolic link in their
+    /// place, is an error, and nothing is written through it.
     ///
     /// # Errors
     ///
@@ -218,7 +220,14 @@ impl Identity {
             .open(&key_path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", key_path.display())))?;
         io::Write::write_all(&mut key, self.key_pem.as_bytes())?;
-        fs::write(dir.join(CERT_FILE), &self.cert_pem)
+        // Created anew too (O_EXCL), which never follows a symbolic link planted there.
+        let cert_path = dir.join(CERT_FILE);
+        let mut cert = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&cert_path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", cert_path.display())))?;
+        io::Write::write_all(&mut cert, self.cert_pem.as_bytes())
     }
 
     /// The SHA-256 fingerprint of the certificate, which the other end pins.
@@ -250,21 +259,65 @@ impl fmt::Display for Fingerprint {
 impl FromStr for Fingerprint {
     type Err = String;
 
-    /// 64 hexadecimal digits, in either case; colons between bytes (as `openssl x509
-    /// -fingerprint` prints them) are allowed.
+    /// 64 hexadecimal digits, in either case; or 32 pairs of them separated by colons (as
+    /// `openssl x509 -fingerprint` prints them). Nothing else: no sign, no space.
     fn from_str(text: &str) -> Result<Fingerprint, String> {
-        let digits: Vec<u8> = text.bytes().filter(|&b| b != b':').collect();
-        let problem = || format!("a fingerprint is 64 hexadecimal digits (SHA-256), not {text:?}");
-        if digits.len() != 64 {
+        let problem = || {
+            format!(
+                "a fingerprint is 64 hexadecimal digits (SHA-256), not {:?}",
+                text.escape_debug().to_string()
+            )
+        };
+        let digits: String = if text.contains(':') {
+            let pairs: Vec<&str> = text.split(':').collect();
+            if pairs.len() != 32 || pairs.iter().any(|pair| pair.len() != 2) {
+                return Err(problem());
+            }
+            pairs.concat()
+        } else {
+            text.to_owned()
+        };
+        if digits.len() != 64 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(problem());
         }
         let mut bytes = [0; 32];
-        for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        for (byte, pair) in bytes.iter_mut().zip(digits.as_bytes().chunks_exact(2)) {
             let pair = std::str::from_utf8(pair).map_err(|_| problem())?;
             *byte = u8::from_str_radix(pair, 16).map_err(|_| problem())?;
         }
         Ok(Fingerprint(bytes))
     }
+}
+
+/// Checks that a file holding a secret (a private key, a password) is readable by its owner
+/// only, as ssh checks its keys: one that others can read may have been read by them.
+///
+/// # Errors
+///
+/// When its metadata cannot be read, or the group or others may read or write it.
+pub fn private(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: mode {:03o} lets others read a secret; make it readable by its owner \
+                     only (chmod 600)",
+                    path.display(),
+                    mode & 0o777
+                ),
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 /// Accepts exactly the certificate whose fingerprint is pinned, on either side of the
@@ -277,11 +330,19 @@ struct PinVerifier {
 
 impl PinVerifier {
     fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        if Fingerprint::of(end_entity) == self.peer {
+        let shown = Fingerprint::of(end_entity);
+        if shown == self.peer {
             Ok(())
         } else {
+            let mismatch = format!(
+                "the other end's certificate has fingerprint {shown}, but --peer-fingerprint \
+                 pins {}",
+                self.peer
+            );
             Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
+                rustls::CertificateError::Other(rustls::OtherError(Arc::new(io::Error::other(
+                    mismatch,
+                )))),
             ))
         }
     }
@@ -378,6 +439,10 @@ mod tests {
         assert_eq!(colons.join(":").parse::<Fingerprint>(), Ok(fingerprint));
         assert!("abc".parse::<Fingerprint>().is_err());
         assert!("zz".repeat(32).parse::<Fingerprint>().is_err());
+        // from_str_radix would take a sign: "+f" is not two hexadecimal digits.
+        assert!("+f".repeat(32).parse::<Fingerprint>().is_err());
+        assert!(format!("{} ", &text[..63]).parse::<Fingerprint>().is_err());
+        assert!(format!(":{text}").parse::<Fingerprint>().is_err());
     }
 
     #[test]
@@ -397,7 +462,26 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o077, 0, "the key is private: {mode:o}");
+            // A key others can read is refused.
+            let key = dir.join(KEY_FILE);
+            fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).expect("chmod");
+            let refused = Identity::load(&dir).err().expect("refused");
+            assert!(refused.to_string().contains("chmod 600"), "{refused}");
         }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn keygen_writes_nothing_through_a_planted_symbolic_link() {
+        let dir = std::env::temp_dir().join(format!("gomux-tunnel-link-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        let victim = dir.join("victim");
+        fs::write(&victim, "precious").expect("victim");
+        std::os::unix::fs::symlink(&victim, dir.join(CERT_FILE)).expect("symlink");
+        assert!(Identity::generate().expect("generate").save(&dir).is_err());
+        assert_eq!(fs::read_to_string(&victim).expect("read"), "precious");
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -10,48 +10,22 @@
 //! intact.
 
 mod common;
+mod process;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gomux_tunnel::config::Handshakes;
 use gomux_tunnel::{Identity, Meeting, Security};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::Command;
 
 use common::{assert_same, pattern, within};
-
-const BINARY: &str = env!("CARGO_BIN_EXE_gomux-tunnel");
-
-/// A scratch directory for keys and files, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "gomux-tunnel-{name}-{}-{:?}",
-            std::process::id(),
-            Instant::now()
-        ));
-        std::fs::create_dir_all(&dir).expect("scratch directory");
-        Scratch(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use process::{echo_server, private, End, Scratch, BINARY};
 
 /// Runs `gomux-tunnel keygen --out DIR` and returns the fingerprint it printed, checking it
 /// against `gomux-tunnel fingerprint --key DIR`.
@@ -81,110 +55,6 @@ async fn keygen(dir: &Path) -> String {
         fingerprint
     );
     fingerprint
-}
-
-/// One end of the tunnel running as a process, killed when dropped, its standard error kept.
-struct End {
-    _child: Child,
-    log: Arc<Mutex<String>>,
-    /// The addresses it printed, by listener name.
-    listening: Vec<(String, SocketAddr)>,
-}
-
-impl End {
-    /// Starts the binary with `args` and waits until it has printed `listeners` addresses.
-    async fn start(args: &[&str], listeners: usize) -> End {
-        let mut child = Command::new(BINARY)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start gomux-tunnel");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        {
-            let log = Arc::clone(&log);
-            tokio::spawn(async move {
-                while let Ok(Some(line)) = stderr.next_line().await {
-                    let mut log = log.lock().expect("not poisoned");
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-            });
-        }
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut listening = Vec::new();
-        while listening.len() < listeners {
-            let line = within("the bound address", stdout.next_line())
-                .await
-                .expect("read stdout")
-                .unwrap_or_else(|| panic!("no address printed; log:\n{}", log.lock().unwrap()));
-            let mut words = line.split_whitespace();
-            if words.next() == Some("listening") {
-                let name = words.next().expect("a name").to_owned();
-                let addr = words.next().expect("an address").parse().expect("address");
-                listening.push((name, addr));
-            }
-        }
-        End {
-            _child: child,
-            log,
-            listening,
-        }
-    }
-
-    fn addr(&self, name: &str) -> SocketAddr {
-        self.listening
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, addr)| addr)
-            .unwrap_or_else(|| panic!("no {name} listener"))
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().expect("not poisoned").clone()
-    }
-
-    /// Waits until a log line contains every one of `texts`, then checks that exactly one
-    /// does (with `once`) or at least one.
-    async fn await_log(&self, texts: &[&str], once: bool) {
-        let found = |log: &str| {
-            log.lines()
-                .filter(|line| texts.iter().all(|text| line.contains(text)))
-                .count()
-        };
-        let outcome = tokio::time::timeout(common::STEP, async {
-            while found(&self.log()) == 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        let log = self.log();
-        let lines = found(&log);
-        assert!(
-            outcome.is_ok() && (lines == 1 || !once && lines > 1),
-            "want {} line with {texts:?}, found {lines}; log:\n{log}",
-            if once { "one" } else { "at least one" },
-        );
-    }
-}
-
-/// An echo server on a loopback port.
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut reader, mut writer) = socket.split();
-                let _ = tokio::io::copy(&mut reader, &mut writer).await;
-                let _ = writer.shutdown().await;
-            });
-        }
-    });
-    addr
 }
 
 /// A SOCKS5 client that authenticates with `user` and `password` (RFC 1929) and asks to
@@ -248,6 +118,7 @@ async fn bad_input_is_refused_logged_once_and_costs_a_running_transfer_nothing()
     let entry_fp = keygen(&scratch.path("entry")).await;
     let exit_fp = keygen(&scratch.path("exit")).await;
     std::fs::write(scratch.path("password"), "sesame\n").expect("password file");
+    private(&scratch.path("password"));
     let echo = echo_server().await;
     let forbidden = echo_server().await;
     let (key_entry, key_exit) = (scratch.path("entry"), scratch.path("exit"));
@@ -529,7 +400,7 @@ async fn ends_with_mismatched_pins_carry_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handshakes_beyond_the_limit_are_refused_at_once() {
+async fn a_newcomer_beyond_the_handshake_limit_takes_the_oldest_silent_place() {
     let scratch = Scratch::new("limit");
     let entry_fp = keygen(&scratch.path("entry")).await;
     let key_exit = scratch.path("exit");
@@ -556,38 +427,36 @@ async fn handshakes_beyond_the_limit_are_refused_at_once() {
     .await;
     let exit_addr = exit.addr("entries");
 
-    // Two silent connections hold both places...
-    let mut silent = Vec::new();
-    for _ in 0..2 {
-        let socket = TcpStream::connect(exit_addr).await.expect("connect");
-        silent.push(socket);
-    }
-    // ... so a third is closed at once, long before the handshake timeout.
+    // Two silent connections hold both places, and two more are let in (up to twice the
+    // limit) while the first are younger than a second...
     let started = Instant::now();
-    let mut third = TcpStream::connect(exit_addr).await.expect("connect");
-    let third_addr = third.local_addr().expect("address").to_string();
-    assert!(closed_by_peer(&mut third).await);
+    let mut first = TcpStream::connect(exit_addr).await.expect("connect");
+    let first_addr = first.local_addr().expect("address").to_string();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut second = TcpStream::connect(exit_addr).await.expect("connect");
+    let second_addr = second.local_addr().expect("address").to_string();
+    let _more = [
+        TcpStream::connect(exit_addr).await.expect("connect"),
+        TcpStream::connect(exit_addr).await.expect("connect"),
+    ];
+    // ... then a newcomer takes the oldest one's place, which is closed at once.
+    tokio::time::sleep(Duration::from_millis(1150).saturating_sub(started.elapsed())).await;
+    let _newcomer = TcpStream::connect(exit_addr).await.expect("connect");
+    assert!(closed_by_peer(&mut first).await);
     assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "refused at once: {:?}",
+        started.elapsed() < Duration::from_millis(1800),
+        "closed for the newcomer, not at the first-bytes timeout: {:?}",
         started.elapsed()
     );
-    exit.await_log(&["too many handshakes", &third_addr], true)
+    exit.await_log(&["to make room for a newcomer", &first_addr], true)
         .await;
-
-    // Once one gives up, its place is free again: a newcomer waits for its handshake.
-    drop(silent.pop());
-    let mut newcomer = within("a place to free up", async {
-        loop {
-            let mut socket = TcpStream::connect(exit_addr).await.expect("connect");
-            let mut byte = [0; 1];
-            // Still open after a moment: it holds a place and waits for its handshake.
-            match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut byte)).await {
-                Err(_) => return socket,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    })
-    .await;
-    let _ = newcomer.write_all(&[0x16]).await;
+    // The others, silent, are closed at the first-bytes timeout, long before the handshake
+    // timeout.
+    assert!(closed_by_peer(&mut second).await);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(30),
+        "closed at the first-bytes timeout: {waited:?}"
+    );
+    exit.await_log(&["nothing sent", &second_addr], true).await;
 }

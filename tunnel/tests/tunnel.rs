@@ -982,7 +982,14 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         ("entry --exit b", "--listen ADDR is required"),
         ("entry --listen a --listen b --exit c", "given twice"),
         ("entry --listen a --exit", "needs an address"),
-        ("entry --listen a --exit b --socks", "unknown option"),
+        ("entry --listen a --exit b --target c", "unknown option"),
+        (
+            "entry --listen a --exit b --exit-wait soon",
+            "number of seconds",
+        ),
+        ("entry --listen a --exit b --log-format xml", "text or json"),
+        ("exit --listen a --target b --max-streams 0", "above 0"),
+        ("exit --listen a --target b --max-sessions many", "above 0"),
         ("exit --target a", "say how to reach the entry"),
         ("exit --listen a --entry b --socks", "not both"),
         ("exit --listen a", "--target ADDR or --socks is required"),
@@ -1082,6 +1089,23 @@ fn the_command_line_reads_security_and_exposure() {
     assert!(!allow.allows("10.9.9.9:91".parse().expect("address")));
     assert_eq!(socks_auth, Some(("ann".into(), "/p".into())));
 
+    // An empty user name, which no SOCKS5 client can send.
+    let empty: Vec<String> = [
+        "exit",
+        "--listen",
+        "a",
+        "--socks",
+        "--insecure",
+        "--socks-user",
+        "",
+    ]
+    .into_iter()
+    .chain(["--socks-password-file", "f"])
+    .map(String::from)
+    .collect();
+    let refused = parse_args(&empty).expect_err("an empty user name");
+    assert!(refused.contains("1 to 255 bytes"), "{refused}");
+
     // Keys.
     assert!(parse("keygen --out /k").is_ok());
     assert!(parse("fingerprint --key /k").is_ok());
@@ -1121,6 +1145,23 @@ fn the_command_line_reads_security_and_exposure() {
             "above 0",
         ),
         ("relay --listen a --target b --insecure", "unknown option"),
+        // RFC 1929: a user name is 1 to 255 bytes; no one could log in with another.
+        (
+            format!(
+                "exit --listen a --socks --insecure --socks-user {} --socks-password-file f",
+                "u".repeat(256)
+            )
+            .as_str(),
+            "1 to 255 bytes",
+        ),
+        (
+            format!(
+                "entry --listen a --exit b --key k --peer-fingerprint {}",
+                "+f".repeat(32)
+            )
+            .as_str(),
+            "64 hexadecimal digits",
+        ),
         ("keygen", "--out DIR is required"),
     ] {
         match parse(line) {
