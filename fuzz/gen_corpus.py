@@ -16,8 +16,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The greeting of a peer of this crate: a Keepalive (kind 1) with id "gmux" (little-endian) and
-# a keepalive interval of 30 s in its length field.
-GREETING = b"gmux" + bytes([30, 0, 0, 1])
+# its keepalive interval in milliseconds (30,000) in its length field.
+GREETING = b"gmux" + (30_000).to_bytes(3, "little") + bytes([1])
 
 
 def main():
@@ -72,8 +72,9 @@ def main():
             if target == "session":
                 # The same bytes from a peer of this crate, which greets first: the session
                 # then acknowledges what it accepts, and the target checks every stream's fate
-                # when the session closes (alone, or with the application's close).
-                for options in (bytes([0, 0]), bytes([0, 0x81]), bytes([0, 0x83])):
+                # when the session closes (the peer goes quiet and the application closes, or
+                # both close at once), and besides with the peer's own close.
+                for options in (bytes([4, 0]), bytes([0, 0x81]), bytes([0, 0x83])):
                     suffix = "".join(f"_{o}" for o in options)
                     with open(os.path.join(out, f"greeted_{name}{suffix}"), "wb") as seed:
                         seed.write(options + GREETING + wire)
