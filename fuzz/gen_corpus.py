@@ -15,6 +15,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# The greeting of a peer of this crate: a Keepalive (kind 1) with id "gmux" (little-endian) and
+# its keepalive interval in milliseconds (30,000) in its length field.
+GREETING = b"gmux" + (30_000).to_bytes(3, "little") + bytes([1])
+
 
 def main():
     vectors = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "go-vectors")
@@ -65,6 +69,16 @@ def main():
                 with open(os.path.join(out, f"{name}{suffix}"), "wb") as seed:
                     seed.write(options + wire)
                 written += 1
+            if target == "session":
+                # The same bytes from a peer of this crate, which greets first: the session
+                # then acknowledges what it accepts, and the target checks every stream's fate
+                # when the session closes (the peer goes quiet and the application closes, or
+                # both close at once), and besides with the peer's own close.
+                for options in (bytes([4, 0]), bytes([0, 0x81]), bytes([0, 0x83])):
+                    suffix = "".join(f"_{o}" for o in options)
+                    with open(os.path.join(out, f"greeted_{name}{suffix}"), "wb") as seed:
+                        seed.write(options + GREETING + wire)
+                    written += 1
     print(f"wrote {written} seeds from {len(seeds)} vectors into {os.path.join(HERE, 'corpus')}")
     return 0
 

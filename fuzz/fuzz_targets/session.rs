@@ -65,10 +65,18 @@
 //!   session stops reading. (The first session core queued a CloseStream for every stream the
 //!   peer opened and half-closed, whatever its backlog: options 0x92, then 256 × (OpenStream,
 //!   CloseRead) on ids 0, 2, 4, … left over 1379 frames queued.)
+//! - every stream's fate is known: when the peer greeted (its first frame is a Keepalive with
+//!   id `GREETING_ID`, as a peer of this crate sends) and the peer took the session's CloseMux,
+//!   every stream the application accepted had its acknowledgement (a WindowUpdate for its id)
+//!   taken before that CloseMux (unless the input broke the protocol), and no stream is handed
+//!   to the application after it. So the
+//!   peer can tell the streams that may have been handled (acknowledged) from those that were
+//!   not (refused by the CloseMux).
 
 #![no_main]
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
@@ -76,7 +84,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use gomux::frame::{Header, Kind, HEADER_LEN};
+use gomux::frame::{Header, Kind, GREETING_ID, HEADER_LEN};
 use gomux::{Config, Error, Role, Session};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -241,6 +249,13 @@ struct Shared {
     close_mux_sent: Notify,
     /// The checking task, woken after everything the transport does.
     monitor: RefCell<Option<Waker>>,
+    /// The streams the session acknowledged (a WindowUpdate for their id) before its CloseMux,
+    /// as the peer took them.
+    acknowledged: RefCell<HashSet<u32>>,
+    /// The peer has taken the session's CloseMux.
+    close_mux_taken: Cell<bool>,
+    /// The streams the application accepted.
+    accepted: RefCell<Vec<u32>>,
 }
 
 impl Shared {
@@ -298,6 +313,19 @@ impl Peer {
             if self.header.len() == HEADER_LEN {
                 let shared = &self.shared;
                 shared.frames_taken.set(shared.frames_taken.get() + 1);
+                let id = u32::from_le_bytes([
+                    self.header[0],
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                ]);
+                if shared.close_mux_taken.get() {
+                    // Nothing of the session's follows its CloseMux.
+                } else if self.header[7] == Kind::CloseMux as u8 {
+                    shared.close_mux_taken.set(true);
+                } else if self.header[7] == Kind::WindowUpdate as u8 {
+                    shared.acknowledged.borrow_mut().insert(id);
+                }
                 if self.header[7] == Kind::Data as u8 {
                     self.skip =
                         u32::from_le_bytes([self.header[4], self.header[5], self.header[6], 0])
@@ -404,10 +432,17 @@ impl AsyncWrite for Peer {
 }
 
 /// The application: every stream is read and what was read is written back, up to a limit,
-/// after a burst of `burst` bytes of its own. Its tasks run on the same `LocalSet` as the
-/// driver, so they take turns with it in order.
-async fn serve(session: Session, burst: usize) {
+/// after a burst of `burst` bytes of its own. It records the streams it accepts, none of them
+/// after the session's CloseMux towards a peer that `greeted`. Its tasks run on the same
+/// `LocalSet` as the driver, so they take turns with it in order.
+async fn serve(session: Session, burst: usize, shared: Rc<Shared>, greeted: bool) {
     while let Ok(mut stream) = session.accept().await {
+        assert!(
+            !(greeted && shared.close_mux_taken.get()),
+            "stream {} was handed to the application after the session's CloseMux",
+            stream.id()
+        );
+        shared.accepted.borrow_mut().push(stream.id());
         tokio::task::spawn_local(async move {
             let mut buf = [0u8; APP_CHUNK];
             for _ in 0..burst / APP_CHUNK {
@@ -550,7 +585,14 @@ fuzz_target!(|data: &[u8]| {
         input_done: Cell::new(false),
         close_mux_sent: Notify::new(),
         monitor: RefCell::new(None),
+        acknowledged: RefCell::new(HashSet::new()),
+        close_mux_taken: Cell::new(false),
+        accepted: RefCell::new(Vec::new()),
     });
+    // A peer of this crate greets first: a Keepalive with the greeting's id.
+    let greeted = bytes.len() >= HEADER_LEN
+        && bytes[7] == Kind::Keepalive as u8
+        && u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) == GREETING_ID;
     // After its CloseMux the peer's writing ends.
     let end = options & 4 == 0 || close != PeerClose::No;
     let config = Config::default()
@@ -582,7 +624,7 @@ fuzz_target!(|data: &[u8]| {
         let (session, connection) = Session::new(peer, Role::Server, config);
         let driver = tokio::task::spawn_local(connection);
         let burst = if close == PeerClose::No { 0 } else { BURST };
-        tokio::task::spawn_local(serve(session.clone(), burst));
+        tokio::task::spawn_local(serve(session.clone(), burst, Rc::clone(&shared), greeted));
         tokio::task::spawn_local(monitor(session.clone(), Rc::clone(&shared)));
         if close != PeerClose::No {
             peer_closes(&session, &shared, close, stalls == 0).await;
@@ -601,6 +643,20 @@ fuzz_target!(|data: &[u8]| {
             matches!(finished, Ok(Ok(_))),
             "the driver did not finish cleanly"
         );
+        // (A peer that broke the protocol is promised nothing about its streams.)
+        let broke = matches!(session.close_reason(), Some(Error::Protocol(_)));
+        if greeted && shared.close_mux_taken.get() && !broke {
+            // Every stream's fate is known to a greeted peer: what it sees acknowledged before
+            // the CloseMux may have been handled, the rest was not (it is refused).
+            let acknowledged = shared.acknowledged.borrow();
+            for id in shared.accepted.borrow().iter() {
+                assert!(
+                    acknowledged.contains(id),
+                    "stream {id} was accepted, but its acknowledgement did not precede the \
+                     session's CloseMux"
+                );
+            }
+        }
         let stats = session.stats();
         let bound = MAX_STREAMS as u64 * RECEIVE_WINDOW + WINDOW_BUDGET;
         assert!(
