@@ -225,7 +225,7 @@ impl Handle {
             return;
         };
         let header = admitted.header;
-        let outcome = io.write_frame(&batch.control, &header.to_bytes(), payload);
+        let outcome = io.write_frame(&batch.control, &header.to_bytes(), payload, &batch.waker);
         self.shared.with_driver(|inner, wakers| {
             inner.direct_done(self.key, header, payload, batch, outcome, wakers);
         });

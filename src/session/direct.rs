@@ -4,23 +4,24 @@
 //! reader) instead of two.
 //!
 //! The transport of a spawned session lives in an [`IoCell`], which the driver reads and writes
-//! through [`SharedIo`] (its transport type) and writers through [`DirectWrite`]. Neither
-//! ever waits for it: both only `try_lock` it and make one transport call under it, never
-//! across an `.await`.
+//! through [`SharedIo`] (its transport type) and writers through [`DirectWrite`]. Neither ever
+//! waits for it: both only `try_lock` it and make one transport call under it, never across an
+//! `.await`.
 //!
-//! - A writer that finds it taken queues its frame as usual.
-//! - A driver that finds it taken (a writer is inside its write call) leaves its waker and a
-//!   flag; the writer wakes it when it lets go.
-//! - A direct write polls the transport with the driver's waker: a transport that is not
+//! - A writer that finds the transport taken queues its frame as usual.
+//! - A direct write polls the transport with the driver's waker, which the core keeps from the
+//!   driver's first sleep on and hands the writer with its admission: a transport that is not
 //!   ready wakes the driver once it is, and the driver then writes what was queued meanwhile.
-//!   Before the driver's first transport call there is no such waker yet: the write goes on
-//!   without one, and what the transport leaves of it is the driver's, which is woken for it.
+//!   Before that first sleep the write goes on without a waker, and what the transport leaves
+//!   of it is the driver's, which sees it before it sleeps.
+//! - The driver pays nothing for this on a transport call that finds the transport free. Only
+//!   when a writer holds it does the driver leave its waker in the cell and raise a flag; the
+//!   writer wakes it when it lets go.
 //!
 //! When a direct write is allowed (nothing queued, no batch in hand, no direct write since the
 //! driver last ran; a series of frames, a burst of small ones or a writer's bulk, is the
-//! driver's to write in batches instead: `Inner::direct_possible`) and
-//! what happens to the part of a frame the transport did not take is the core's business:
-//! `Inner::admit_write` and `Inner::direct_done`.
+//! driver's to write in batches instead: `Inner::direct_possible`) and what happens to the
+//! part of a frame the transport did not take is the core's business.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -53,9 +54,9 @@ impl Direct {
 /// A transport that stream handles may write a frame to, see the module docs.
 pub(crate) trait DirectWrite: Send + Sync {
     /// Offers `control` (control frames taken from the queue), `header` and `payload` to the
-    /// transport in one call (one per part for a transport without vectored writes), unless
-    /// the transport is busy or gone.
-    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8]) -> Direct;
+    /// transport in one call (one per part for a transport without vectored writes), polling
+    /// it with `waker` (the driver's), unless the transport is busy or gone.
+    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8], waker: &Waker) -> Direct;
 }
 
 /// A spawned session's transport, shared by its driver and its writers.
@@ -63,7 +64,7 @@ pub(crate) struct IoCell<T> {
     /// `None` once the driver has gone: the transport is closed then, whoever still holds a
     /// handle.
     io: Mutex<Option<T>>,
-    /// The driver's waker, for the writers' transport calls and for waking it.
+    /// The driver's waker, left by a driver that found the transport taken.
     driver: Mutex<Option<Waker>>,
     /// The driver found the transport taken and waits to be woken.
     missed: AtomicBool,
@@ -101,7 +102,7 @@ impl<T> IoCell<T> {
     /// drops the transport if the driver has gone meanwhile.
     fn released(&self) {
         if self.missed.swap(false, Ordering::SeqCst) {
-            if let Some(driver) = self.driver().clone() {
+            if let Some(driver) = self.driver().take() {
                 driver.wake();
             }
         }
@@ -117,22 +118,14 @@ impl<T> DirectWrite for IoCell<T>
 where
     T: AsyncWrite + Unpin + Send,
 {
-    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8]) -> Direct {
-        // Before the driver's first transport call there is no waker to leave with the
-        // transport: the write goes on without one. What the transport leaves of it (the
-        // rest of a frame it did not take, a flush) is the driver's then, which is woken for
-        // it as for any output and polls the transport with its own waker.
-        let waker = self
-            .driver()
-            .clone()
-            .unwrap_or_else(|| Waker::noop().clone());
+    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8], waker: &Waker) -> Direct {
         let Some(mut guard) = self.try_io() else {
             return Direct::NOTHING;
         };
         let Some(io) = guard.as_mut() else {
             return Direct::NOTHING;
         };
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(waker);
         let mut io = Pin::new(io);
         // An error (or a transport taking nothing) leaves the frame to the queue: the driver
         // meets the error itself when it writes it, and ends the session as it would have.
@@ -191,15 +184,15 @@ impl<T: Unpin> SharedIo<T> {
         call: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
         let cell = &self.0;
-        {
-            let mut driver = cell.driver();
-            if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *driver = Some(cx.waker().clone());
-            }
-        }
-        let guard = match cell.try_io() {
+        let mut guard = match cell.try_io() {
             Some(guard) => guard,
             None => {
+                {
+                    let mut driver = cell.driver();
+                    if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *driver = Some(cx.waker().clone());
+                    }
+                }
                 cell.missed.store(true, Ordering::SeqCst);
                 // The writer may have let go before it could see the flag.
                 match cell.try_io() {
@@ -208,7 +201,6 @@ impl<T: Unpin> SharedIo<T> {
                 }
             }
         };
-        let mut guard = guard;
         match guard.as_mut() {
             Some(io) => call(Pin::new(io), cx),
             None => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
