@@ -538,7 +538,7 @@ mod tests {
         assert_eq!(config.write_stall_timeout_setting(), Some(4 * second));
     }
 
-    /// Finding 9: the setters clamp what their docs say they clamp. `max_streams` must stay
+    /// The setters clamp what their docs say they clamp. `max_streams` must stay
     /// below the 2^31 ids of one parity, or the search for a free id could loop for ever.
     #[test]
     fn setters_clamp_to_their_documented_ranges() {

@@ -40,9 +40,9 @@
 //! ```
 //!
 //! Each end is told its [`Role`] by the application: the gomux protocol has no handshake, and a
-//! client opens even stream ids, a server odd ones. Between two sessions of this crate, each
-//! session's first frame is a greeting that a Go peer ignores; it is what lets this crate
-//! report refusals and dead peers (see [`guide::protocol`]).
+//! client opens even stream ids, a server odd ones. Every session of this crate sends a
+//! greeting as its first frame, which a Go peer ignores; between two sessions of this crate it
+//! is what lets each report refused streams and dead peers (see [`guide::protocol`]).
 //!
 //! # The API
 //!

@@ -108,8 +108,8 @@ impl PoolBuilder {
 
     /// How long an [`open`](Pool::open) waits for a live session, and then for room on it (the
     /// session's `max_streams`, or the peer's backlog of unacknowledged streams), before it
-    /// fails with [`Error::PoolUnavailable`] (default: the connect timeout); one that timed out
-    /// waiting for room carries [`Error::TooManyStreams`] as its latest failure. [`Duration::ZERO`] never
+    /// fails with [`Error::PoolUnavailable`](crate::Error::PoolUnavailable) (default: the connect timeout); one that timed out
+    /// waiting for room carries [`Error::TooManyStreams`](crate::Error::TooManyStreams) as its latest failure. [`Duration::ZERO`] never
     /// waits: an open fails at once when no session is live (the connects it starts go on).
     /// [`Duration::MAX`] waits for as long as it takes.
     pub fn open_timeout(mut self, timeout: Duration) -> PoolBuilder {
