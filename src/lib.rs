@@ -52,7 +52,8 @@
 //!   [`accept`](Session::accept) (or [`incoming`](Session::incoming), a `futures` stream)
 //!   make streams; [`graceful_close`](Session::graceful_close) refuses new streams and lets the
 //!   open ones finish, [`wait_idle`](Session::wait_idle) waits for the last one,
-//!   [`close`](Session::close) ends the session at once.
+//!   [`close`](Session::close) flushes what was written and ends the session without waiting
+//!   for the streams.
 //! - **Streams.** [`Stream`] is `AsyncRead + AsyncWrite`, splits into owned halves
 //!   ([`Stream::into_split`]), and has a zero-copy API ([`Stream::read_chunk`],
 //!   [`Stream::write_chunk`]), priorities, and [`Stream::stopped`] to learn that the peer stopped
