@@ -12,6 +12,12 @@ use crate::frame::{INITIAL_WINDOW, MAX_LENGTH_FIELD, MAX_PAYLOAD};
 ///
 /// The client opens even stream ids (0, 2, 4, …) and the server odd ones (1, 3, 5, …). Two
 /// sessions of the same role on one connection would collide on ids.
+///
+/// ```
+/// // The two ends of one connection take different roles.
+/// let (a, b) = (gomux::Role::Client, gomux::Role::Server);
+/// assert_ne!(a, b);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// Opens even stream ids.
@@ -287,6 +293,15 @@ impl Config {
     /// never sends one. Keeps a peer's idle timeout (and NAT state) from expiring. Counted in
     /// whole milliseconds (rounded up), at most 2^30 ms (about 12.4 days): a longer interval
     /// is cut to that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let config = gomux::Config::default().keepalive_interval(Some(Duration::from_secs(10)));
+    /// assert_eq!(config.keepalive_interval_setting(), Some(Duration::from_secs(10)));
+    /// let silent = gomux::Config::default().keepalive_interval(None); // a peer of this crate then
+    /// assert_eq!(silent.keepalive_interval_setting(), None); // cannot tell silence from death
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Config {
         self.edit().keepalive_interval = interval.filter(|d| !d.is_zero());
@@ -298,6 +313,14 @@ impl Config {
     /// only every 10 minutes (600 s): set it above the peer's keepalive interval, above 600 s
     /// for a Go peer. Counted in whole milliseconds (rounded up),
     /// at most 2^30 ms (about 12.4 days): a longer timeout is cut to that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// // Towards a Go peer, whose keepalives come every 600 s: above that.
+    /// let config = gomux::Config::go_peer().idle_timeout(Some(Duration::from_secs(630)));
+    /// assert_eq!(config.idle_timeout_setting(), Some(Duration::from_secs(630)));
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Config {
         self.edit().idle_timeout = timeout.filter(|d| !d.is_zero());
@@ -308,6 +331,13 @@ impl Config {
     /// transport that does not accept writes before it gives up, default 10 s. After a close
     /// this side started, it is also how long the session waits for the peer to close in turn
     /// (see [`Session::close`](crate::Session::close)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let config = gomux::Config::default().close_timeout(Duration::from_secs(2));
+    /// assert_eq!(config.close_timeout_setting(), Duration::from_secs(2));
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn close_timeout(mut self, timeout: Duration) -> Config {
         self.edit().close_timeout = timeout;
@@ -425,6 +455,13 @@ impl Config {
     /// Default `None` (off), because a Go peer stops reading while its accept queue is full,
     /// which a slow application on its side can make last; set it above the longest pause the
     /// peer may take (a minute, say). A slow link is no stall: any progress restarts the clock.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let config = gomux::Config::default().write_stall_timeout(Some(Duration::from_secs(60)));
+    /// assert_eq!(config.write_stall_timeout_setting(), Some(Duration::from_secs(60)));
+    /// ```
     #[must_use = "a setter returns the changed configuration"]
     pub fn write_stall_timeout(mut self, timeout: Option<Duration>) -> Config {
         self.edit().write_stall_timeout = timeout.filter(|d| !d.is_zero());
@@ -540,7 +577,7 @@ mod tests {
         assert_eq!(config.write_stall_timeout_setting(), Some(4 * second));
     }
 
-    /// Finding 9: the setters clamp what their docs say they clamp. `max_streams` must stay
+    /// The setters clamp what their docs say they clamp. `max_streams` must stay
     /// below the 2^31 ids of one parity, or the search for a free id could loop for ever.
     #[test]
     fn setters_clamp_to_their_documented_ranges() {

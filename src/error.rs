@@ -338,6 +338,11 @@ impl Error {
     /// Whether this is a graceful end of the session: closed by this side
     /// ([`ClosedLocally`](Error::ClosedLocally)) or by the peer with CloseMux
     /// ([`ClosedByPeer`](Error::ClosedByPeer)), or an open that found the session so ended.
+    ///
+    /// ```
+    /// assert!(gomux::Error::ClosedByPeer.is_graceful());
+    /// assert!(!gomux::Error::KeepaliveTimeout.is_graceful());
+    /// ```
     pub fn is_graceful(&self) -> bool {
         match self {
             Error::ClosedLocally | Error::ClosedByPeer => true,
@@ -384,6 +389,13 @@ impl Error {
     }
 
     /// Whether this error reports the session's end rather than a problem of one operation.
+    ///
+    /// ```
+    /// assert!(gomux::Error::ConnectionClosed.is_session_end());
+    /// // A refused stream, or an open over the limit, leaves the session running.
+    /// assert!(!gomux::Error::Refused.is_session_end());
+    /// assert!(!gomux::Error::TooManyStreams.is_session_end());
+    /// ```
     pub fn is_session_end(&self) -> bool {
         !matches!(
             self,
@@ -407,6 +419,15 @@ impl Error {
     }
 
     /// The [`io::ErrorKind`] this error becomes when it surfaces through `AsyncRead`/`AsyncWrite`.
+    ///
+    /// ```
+    /// use std::io::ErrorKind;
+    ///
+    /// assert_eq!(gomux::Error::Refused.io_kind(), ErrorKind::ConnectionRefused);
+    /// assert_eq!(gomux::Error::WriteClosed.io_kind(), ErrorKind::BrokenPipe);
+    /// let io = std::io::Error::from(gomux::Error::IdleTimeout);
+    /// assert_eq!(io.kind(), gomux::Error::IdleTimeout.io_kind());
+    /// ```
     pub fn io_kind(&self) -> io::ErrorKind {
         match self {
             Error::Protocol(_) => io::ErrorKind::InvalidData,

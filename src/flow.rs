@@ -115,21 +115,21 @@ impl RecvWindow {
 /// trip, double the window. A stream limited by its link receives half
 /// a window more slowly once the window covers two round trips; a stream whose sender has
 /// little to send receives slowly; a stream whose reader is slow is not drained in time: all
-/// three keep their window. (Judged on arrival alone, as it once was, a Go sender, which sends
-/// a whole 64 KiB frame into an empty buffer as soon as it has the credit, made every slow
-/// reader look window-limited: `tests/core_findings_b.rs`, `a_slow_reader_*`.) With two round
-/// trips as the bar, windows over loopback grew to 8 MiB, because the socket buffers deliver
-/// queued data in bursts far faster than the steady rate; one round trip keeps them near 1 MiB
-/// there and still reaches twice the bandwidth-delay product on a real link.
+/// three keep their window. Arrival alone is not enough: a Go sender sends a whole 64 KiB frame
+/// into an empty buffer as soon as it has the credit, which would make every slow reader look
+/// window-limited (`tests/core_findings_b.rs`, `a_slow_reader_*`). The bar is one round trip,
+/// not two: over loopback the socket buffers deliver queued data in bursts far faster than the
+/// steady rate, which a longer bar takes for a window limit, while one round trip still reaches
+/// twice the bandwidth-delay product on a real link.
 ///
 /// The protocol has no ping, so the round trip is measured on the streams themselves: when this
 /// side writes credit to a peer that holds `c` bytes of credit, the peer can send at most `c`
 /// bytes before it has seen the new credit, so the first data beyond those `c` bytes is the
-/// answer. The session keeps the smallest such sample. (Waiting for a peer with no credit at
-/// all, as the probe once did, measured nothing once the sender's frames were cut into turns
-/// smaller than a payload: credit went back while the peer still held some, and the windows of
-/// eight streams on a long fat link stayed at 64 KiB:
-/// `tests/core_findings_b.rs`, `eight_tuned_streams_on_one_long_fat_link_get_similar_shares`.) The probe starts when the WindowUpdate goes to the transport, not when it is queued,
+/// answer. The session keeps the smallest such sample. A probe does not wait for a peer with no
+/// credit at all: a sender whose frames are cut into turns smaller than a payload always holds
+/// some when credit goes back, and such a probe would measure nothing
+/// (`tests/core_findings_b.rs`, `eight_tuned_streams_on_one_long_fat_link_get_similar_shares`).
+/// The probe starts when the WindowUpdate goes to the transport, not when it is queued,
 /// so the sample holds no queueing on this side. Times are microseconds on the session's clock,
 /// 0 meaning "not set".
 #[derive(Debug, Clone, Copy, Default)]

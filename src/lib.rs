@@ -40,9 +40,9 @@
 //! ```
 //!
 //! Each end is told its [`Role`] by the application: the gomux protocol has no handshake, and a
-//! client opens even stream ids, a server odd ones. Between two sessions of this crate, each
-//! session's first frame is a greeting that a Go peer ignores; it is what lets this crate
-//! report refusals and dead peers (see [`guide::protocol`]).
+//! client opens even stream ids, a server odd ones. Every session of this crate sends a
+//! greeting as its first frame, which a Go peer ignores; between two sessions of this crate it
+//! is what lets each report refused streams and dead peers (see [`guide::protocol`]).
 //!
 //! # The API
 //!
@@ -52,7 +52,8 @@
 //!   [`accept`](Session::accept) (or [`incoming`](Session::incoming), a `futures` stream)
 //!   make streams; [`graceful_close`](Session::graceful_close) refuses new streams and lets the
 //!   open ones finish, [`wait_idle`](Session::wait_idle) waits for the last one,
-//!   [`close`](Session::close) ends the session at once.
+//!   [`close`](Session::close) flushes what was written and ends the session without waiting
+//!   for the streams.
 //! - **Streams.** [`Stream`] is `AsyncRead + AsyncWrite`, splits into owned halves
 //!   ([`Stream::into_split`]), and has a zero-copy API ([`Stream::read_chunk`],
 //!   [`Stream::write_chunk`]), priorities, and [`Stream::stopped`] to learn that the peer stopped

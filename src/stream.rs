@@ -25,16 +25,17 @@
 //!
 //! # Flushing
 //!
-//! A write returns once its bytes are in the session's outgoing queue, which the driver writes
-//! to the transport in order without any further call (or once the writer has written them to
-//! the transport itself, when nothing was queued before them); the queue is bounded by
-//! [`Config::write_buffer_size`](crate::Config::write_buffer_size), and writes wait for room.
+//! A write returns once its bytes are in the stream's send queue, which the driver writes to the
+//! transport in order without any further call (or once the writer has written them to the
+//! transport itself, when nothing was queued before them); the streams' send queues together
+//! are bounded by [`Config::write_buffer_size`](crate::Config::write_buffer_size), and writes
+//! wait for room.
 //! `flush` and `shutdown` therefore return at once while the session lives, as they do on a
 //! `TcpStream`, whose kernel buffer plays the same part. Once the transport has refused a write
 //! they fail (as do writes), and once the session has ended they wait for the driver to finish
 //! and fail if the stream's bytes were not written.
 //!
-//! Unlike a kernel buffer, the queue lives in your process: bytes still in it are lost if the
+//! Unlike a kernel buffer, the send queue lives in your process: bytes still in it are lost if the
 //! runtime or the process stops. To know that everything reached the transport, close with
 //! [`Stream::close`], which waits for it, or end the session with
 //! [`Session::close`](crate::Session::close), which writes out the queue first.

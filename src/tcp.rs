@@ -17,32 +17,29 @@
 //! Without `TCP_NOTSENT_LOWAT` (on platforms other than Linux and Android, where it is not set
 //! here), [`configure`] sets `TCP_NODELAY` only.
 //!
-//! What it changes, from the run of `scripts/benchmarks.sh --rounds 2` in BENCHMARKS.md
-//! (`cargo bench --features tcp --bench latency_under_load`: a 64-byte ping every 10 ms beside a
-//! bulk stream of the same session, through an emulated link with a 16 KiB queue, on a 2-core
-//! machine), ping p50 / p99 in ms:
+//! What it changes over an emulated slow link, ping latency beside a bulk stream of the same
+//! session with and without it, is in BENCHMARKS.md ("Latency under load over an emulated
+//! link"; `cargo bench --features tcp --bench latency_under_load`). The session's own scheduler
+//! lets a ping pass the bulk queued in the session; what is left is what the kernel holds (with
+//! the option, at most about 16 KiB unsent) and the batch the session's writer has in hand
+//! (about what the socket took at its last write). The bulk stream keeps the link's rate.
 //!
-//! | link | idle | gomux | gomux, `configure` | two TCP connections | two, with the option |
-//! |---|--:|--:|--:|--:|--:|
-//! | 100 Mbit/s, 10 ms each way | 22.4 / 23.9 | 62.6 / 83.4 | 25.5 / 28.5 | 23.5 / 25.2 | 23.7 / 25.3 |
-//! | 20 Mbit/s, 20 ms each way | 42.6 / 43.5 | 157.4 / 209.9 | 59.7 / 69.3 | 48.6 / 65.4 | 48.6 / 56.6 |
-//!
-//! The bulk stream kept the link's rate in every row (11.91 MiB/s and 2.37–2.38 MiB/s). The
-//! session's own scheduler lets the ping pass the bulk queued in the session; what is left is
-//! what the kernel holds (with the option, at most about 16 KiB unsent) and the batch the
-//! session's writer has in hand (about what the socket took at its last write).
-//!
-//! Over loopback it cost no throughput that the same machine could tell apart:
-//! `cargo run --release --features tcp --example speed -- --mode mux-tcp --no-verify --bytes 2G
-//! --streams 1`, without and with `--notsent-lowat 16K`, three times interleaved, moved 390, 302
-//! and 498 MiB/s without it and 317, 301 and 502 MiB/s with it.
-//!
-//! ```no_run
-//! # async fn run() -> std::io::Result<()> {
-//! let tcp = tokio::net::TcpStream::connect("127.0.0.1:7000").await?;
-//! gomux::tcp::configure(&tcp)?;
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let addr = listener.local_addr()?;
+//! # tokio::spawn(async move {
+//! #     let (socket, _) = listener.accept().await?;
+//! #     gomux::tcp::configure(&socket)?;
+//! #     gomux::Session::server(socket).closed().await;
+//! #     std::io::Result::Ok(())
+//! # });
+//! let tcp = tokio::net::TcpStream::connect(addr).await?;
+//! gomux::tcp::configure(&tcp)?; // on both ends
+//! assert!(tcp.nodelay()?);
 //! let session = gomux::Session::client(tcp);
-//! # drop(session);
+//! # session.close().await.map_err(std::io::Error::from)?;
 //! # Ok(())
 //! # }
 //! ```

@@ -195,6 +195,25 @@ impl Pool {
     /// [`Error::TooManyStreams`] from the session chosen. Like a session's `open`, no frame
     /// of the stream was written when it fails: every error is safe to retry
     /// ([`Error::is_retry_safe`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let connect = || async {
+    /// #     let (client, server) = tokio::io::duplex(64 * 1024);
+    /// #     let server = gomux::Session::server(server);
+    /// #     tokio::spawn(async move { while server.accept().await.is_ok() {} });
+    /// #     Ok(client)
+    /// # };
+    /// use tokio::io::AsyncWriteExt;
+    ///
+    /// let pool = gomux::Pool::new(2, gomux::Config::default(), connect);
+    /// let mut stream = pool.open().await?; // connects every slot on first use
+    /// stream.write_all(b"request").await?;
+    /// assert!(pool.live() >= 1); // the session of the stream, and perhaps the other already
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn open(&self) -> Result<Stream, Error> {
         self.open_with_session().await.map(|(stream, _)| stream)
     }
@@ -267,6 +286,23 @@ impl Pool {
     ///
     /// Not needed before [`open`](Pool::open), which connects by itself; useful to have all
     /// connections made up front, or to spread the first streams over all of them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let connect = || async {
+    /// #     let (client, server) = tokio::io::duplex(64 * 1024);
+    /// #     let server = gomux::Session::server(server);
+    /// #     tokio::spawn(async move { while server.accept().await.is_ok() {} });
+    /// #     Ok(client)
+    /// # };
+    /// let pool = gomux::Pool::new(3, gomux::Config::default(), connect);
+    /// assert_eq!(pool.live(), 0); // nothing is connected before the first use
+    /// assert_eq!(pool.fill().await, 3);
+    /// assert_eq!((pool.size(), pool.connects()), (3, 3));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn fill(&self) -> usize {
         drop(self.shared.start_connects());
         let mut waiting = Waiting {
@@ -336,6 +372,27 @@ impl Pool {
     ///
     /// [`Error::GracefulCloseTimedOut`] with the streams cut in all sessions together when any
     /// were; otherwise the first error a session's close returned.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), gomux::Error> {
+    /// # let connect = || async {
+    /// #     let (client, server) = tokio::io::duplex(64 * 1024);
+    /// #     let server = gomux::Session::server(server);
+    /// #     tokio::spawn(async move { while server.accept().await.is_ok() {} });
+    /// #     Ok(client)
+    /// # };
+    /// use std::time::Duration;
+    ///
+    /// let pool = gomux::Pool::new(2, gomux::Config::default(), connect);
+    /// let stream = pool.open().await?;
+    /// drop(stream); // done with it
+    /// pool.graceful_close(Duration::from_secs(5)).await?;
+    /// assert!(pool.is_closed());
+    /// assert!(matches!(pool.open().await, Err(gomux::Error::ClosedLocally)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn graceful_close(&self, timeout: Duration) -> Result<(), Error> {
         let sessions = self.shared.shut();
         let closes = sessions

@@ -243,7 +243,7 @@ impl Session {
     ///   application has not accepted yet, so that a burst of opens never overruns its accept
     ///   backlog. Towards a Go peer, which acknowledges nothing, this never waits; until the
     ///   peer has sent its first frame it waits at most one second from the session's start;
-    /// - the outgoing queue is full (the transport is slower than the writers). While nothing
+    /// - the streams' send queues are full (the transport is slower than the writers). While nothing
     ///   waits in the streams' send queues, an open goes out with the control frames instead
     ///   (up to 64 of them waiting at once), and needs no room.
     ///
@@ -306,7 +306,7 @@ impl Session {
 
     /// Opens a new stream if one may be opened now, without waiting: the immediate answer
     /// where [`open`](Session::open) would wait in line. Its OpenStream is queued even when the
-    /// outgoing queue is full.
+    /// streams' send queues are full.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -1,9 +1,10 @@
 //! The time of a call into the session's core, read from the clock only if the call needs it.
 //!
 //! Most calls do not: a read needs the time only while its stream's window is being measured
-//! for growth, a direct write only when credit goes out with it. Reading the clock for every
-//! call cost a 64-byte round trip over TCP about 0.3 µs in clock reads alone, 2 % of it
-//! (BENCHMARK-HISTORY.md, "Small direct writes in one piece, and the clock read when needed").
+//! for growth, a direct write only when credit goes out with it. A clock read is a system call
+//! or a vDSO call on every read and write of a small message, a measurable share of a short
+//! round trip (BENCHMARK-HISTORY.md, "Small direct writes in one piece, and the clock read when
+//! needed"), so a [`Now`] reads the clock the first time it is asked, and never otherwise.
 
 use std::cell::OnceCell;
 

@@ -2,10 +2,10 @@
 //!
 //! Large payloads are handed to streams as slices of the read buffer (no copy), so a buffer
 //! stays allocated until every stream has read its slices. Allocating a fresh buffer each time
-//! the current one is full makes the kernel fault in and zero new pages on every read (about a
-//! tenth of the CPU in a 1-stream bulk transfer under `perf record`). So the driver keeps retired
-//! buffers (see `SPARES`) and switches to one once its slices have all been read, allocating only
-//! when none is free yet.
+//! the current one is full makes the kernel fault in and zero new pages on every read, which
+//! shows in the profile of a bulk transfer (BENCHMARKS.md, "What the profiles showed"). So the
+//! driver keeps retired buffers (see `SPARES`) and switches to one once its slices have all been
+//! read, allocating only when none is free yet.
 
 use std::time::Duration;
 

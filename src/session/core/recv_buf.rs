@@ -4,13 +4,14 @@
 //! Payloads of [`PIN_MIN`] bytes or more stay slices of the driver's read buffer (no copy);
 //! shorter ones are copied into the stream's own buffer. A slice keeps its whole read buffer
 //! (up to about 192 KiB) alive, and frames for other streams, or for ids nobody knows, fill the
-//! rest of it: 256 streams each holding one unread 16 KiB slice once kept 48 MiB alive for 4 MiB
-//! of data. So the session counts, in a [`PinLedger`], every read buffer that buffered slices
+//! rest of it: 256 streams each holding one unread 16 KiB slice would keep 48 MiB alive for
+//! 4 MiB of data. So the session counts, in a [`PinLedger`], every read buffer that buffered slices
 //! point into, and when those buffers come to more than twice what is buffered (plus
 //! [`PIN_FLOOR`]), it copies the slices out and lets the buffers go, as quinn's assembler does
 //! with the datagrams its chunks point into. A copy of 16 KiB or more per 192 KiB buffer freed
-//! is cheap, and it only happens when memory, not speed, is what is at stake. Guarded by
-//! `tests/core_findings_b.rs` (`unread_large_frames_do_not_pin_read_buffers_many_times_their_size`).
+//! is cheap, and it only happens when memory, not speed, is what is at stake.
+//! `tests/core_findings_b.rs`, `unread_large_frames_do_not_pin_read_buffers_many_times_their_size`,
+//! states the bound.
 
 use std::collections::VecDeque;
 

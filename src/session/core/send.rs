@@ -167,8 +167,8 @@ impl Inner {
     /// may never be written are reported rather than taken for sent.
     ///
     /// Waiting for the transport every time would cost each flush a wake-up after the driver's
-    /// next write: with thousands of short streams, over a third of the time (see the
-    /// `streams` bench in BENCHMARK-HISTORY.md).
+    /// next write, which for thousands of short streams is much of their cost (the `streams`
+    /// bench measures it).
     pub(crate) fn poll_flush(&mut self, key: usize, waker: &Waker) -> Poll<Result<(), Error>> {
         if self.refused(key) {
             return Poll::Ready(Err(Error::Refused));
