@@ -1,5 +1,6 @@
-//! Transport speed: how fast bytes go through gomux, yamux, Go gomux, raw loopback TCP and
-//! in-memory pipes, each doing the same work, so the rows can be compared with each other.
+//! Transport speed: how fast bytes go through gomux, yamux, the Go multiplexers (Go gomux,
+//! xtaci/smux, hashicorp/yamux), raw loopback TCP, TLS over it and in-memory pipes, each doing
+//! the same work, so the rows can be compared with each other.
 //!
 //! ```text
 //! cargo run --release --example speed -- [--mode MODE] [--bytes N | --file PATH]
@@ -7,21 +8,24 @@
 //! ```
 //!
 //! - `--mode`: `tcp` (raw loopback TCP), `mux-tcp` (gomux over one loopback TCP connection),
-//!   `mux-tcp-zc` (the same through the zero-copy stream API), `memory` (raw
+//!   `mux-tcp-zc` (the same through the zero-copy stream API), `tls` (raw bytes over TLS on
+//!   loopback TCP), `mux-tls` (gomux over one such TLS connection), `memory` (raw
 //!   `tokio::io::duplex` pipes), `mux-memory` (gomux over one such pipe), `yamux-tcp` (yamux
-//!   over one loopback TCP connection), `go` (Go gomux, see below), or `all` (the default: each
-//!   of them in that order, `tcp` first since ratios are relative to it).
+//!   over one loopback TCP connection), `go`, `go-smux` and `go-yamux` (Go gomux, xtaci/smux and
+//!   hashicorp/yamux, see below), or `all` (the default: each of them in that order, `tcp`
+//!   first since ratios are relative to it).
 //! - `--bytes N`: how much to send per mode, default `1G`; sizes take the binary suffixes `K`,
 //!   `M`, `G` and `T` (`64K`, `512M`, `1GiB`). Or `--file PATH`: send that file's content,
 //!   read into memory first so the disk is not what is measured.
 //! - `--streams K`: split the bytes evenly over K streams sent at once, default 1. For the raw
-//!   modes each stream is its own TCP connection or pipe.
+//!   modes (`tcp`, `tls`, `memory`) each stream is its own TCP connection, TLS connection or
+//!   pipe.
 //! - `--chunk C`: size of every write, default `64K`. The receiver reads into a 64 KiB buffer.
-//!   The `tcp` mode is the exception on both counts: it writes and reads at least 1 MiB at a time
-//!   (see below).
+//!   The `tcp` and `tls` modes are the exception on both counts: they write and read at least
+//!   1 MiB at a time (see below).
 //! - `--no-verify`: both ends only count the bytes, as `iperf3` does, instead of hashing them.
 //!   Hashing costs each end a few tenths of a core at these rates, so the rows compared with the
-//!   transport's limit are measured this way. The `go` mode always hashes.
+//!   transport's limit are measured this way. The Go modes always hash.
 //! - `--notsent-lowat N`: set `TCP_NOTSENT_LOWAT` to N bytes on both sockets of the `mux-tcp`
 //!   mode (`gomux::tcp::set_notsent_lowat`; needs `--features tcp`), to see what it costs the
 //!   throughput over loopback. Other modes ignore it.
@@ -59,49 +63,67 @@
 //! would flatter it. `iperf3 -l 1M`, which `scripts/benchmarks.sh` runs beside it, is the
 //! two-thread figure.
 //!
-//! # The `go` mode
+//! # The `tls` and `mux-tls` modes
 //!
-//! The same transfer between two processes of the Go peer (`tests/interop/go`, built against
-//! the unmodified Go gomux beside the clone in `../shared/gomux-go`): `gomux-go-peer bench
-//! receive` listens on loopback, `gomux-go-peer bench send` connects, opens the streams and sends
-//! the same content with the same `--bytes`/`--file`, `--streams` and `--chunk`, hashing it with
-//! the same checksum (ported to Go bit for bit). The receiver prints its time (from the first
-//! stream it accepts to the last byte it reads) and a digest of all streams; the run fails unless
-//! the sender's digest equals the one this tool computes for the content and the receiver's
-//! equals the sender's. Each Go process has the Go runtime's default of one thread per core;
-//! the Rust modes run both ends in this process.
+//! rustls (TLS 1.3, the `ring` provider) over loopback TCP, set up as `examples/tls.rs` does,
+//! with a self-signed certificate made before the clock starts. `tls` is raw bytes over one TLS
+//! connection per stream, with the `tcp` mode's 1 MiB writes and reads: with one stream, what
+//! one TLS connection carries, the limit of a multiplexer running over one. Unlike `tcp` it
+//! runs on the runtime of the other modes, so that the sender's encryption and the receiver's
+//! decryption can each have a core, as they can under `mux-tls`. `mux-tls` is gomux over one
+//! TLS connection, whose handshake is done before the clock starts.
 //!
-//! Where Go or the Go gomux source is missing, the `go` row is replaced by a `# go: skipped`
-//! line that says why, and the other modes run; with `GOMUX_REQUIRE_GO=1` in the environment
-//! that is a failure (exit status 1) instead.
+//! # The Go modes: `go`, `go-smux` and `go-yamux`
+//!
+//! The same transfer between a Go sender and a Go receiver, two processes over loopback TCP:
+//! Go gomux through the Go peer (`tests/interop/go`, built against the unmodified Go gomux
+//! beside the clone in `../shared/gomux-go`, nothing downloaded), xtaci/smux and
+//! hashicorp/yamux with their default configurations through `benches/go-compare` (a Go module
+//! of its own; `go build` fetches its two dependencies from the Go module proxy the first
+//! time). The receiver prints its time (from the first stream it accepts to the last byte it
+//! reads) and a digest of all streams; the run fails unless the sender's digest equals the one
+//! this tool computes for the content and the receiver's equals the sender's (see
+//! `speed/go.rs`). Each Go process has the Go runtime's default of one thread per core; the
+//! Rust modes run both ends in this process.
+//!
+//! Where a Go program cannot be built (no Go, no Go gomux source, no module proxy), its row is
+//! replaced by a `# MODE: skipped` line that says why, and the other modes run; with
+//! `GOMUX_REQUIRE_GO=1` in the environment that is a failure (exit status 1) instead.
 
+#[path = "speed/go.rs"]
+mod go;
 #[path = "../tests/interop/go_peer.rs"]
 mod go_peer;
 #[path = "../benches/support/mod.rs"]
 mod support;
+#[path = "speed/tls.rs"]
+mod tls;
 
+use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use go_peer::GoPeer;
+use go::GoMux;
 use gomux::Config;
 use support::{Connector, Count, Digest, Payload};
 
 const USAGE: &str = "\
 usage: speed [--mode MODE] [--bytes N | --file PATH] [--streams K] [--chunk C] [--no-verify]
              [--digest] [--notsent-lowat N]
-  MODE: tcp, mux-tcp, mux-tcp-zc, memory, mux-memory, yamux-tcp, go or all (default all)
+  MODE: tcp, mux-tcp, mux-tcp-zc, tls, mux-tls, memory, mux-memory, yamux-tcp, go, go-smux,
+        go-yamux or all (default all)
   N, C: sizes like 4096, 64K, 512M, 1G (defaults: --bytes 1G, --chunk 64K)
   K: streams sent at once (default 1)
   --no-verify: count the bytes only, instead of hashing them at both ends
   --digest: print the digest of the content instead of sending it
   --notsent-lowat N: TCP_NOTSENT_LOWAT on the mux-tcp mode's sockets (needs --features tcp)
-  go: Go gomux between two Go processes; skipped when Go or ../shared/gomux-go is
-      missing, a failure then if GOMUX_REQUIRE_GO=1";
+  go, go-smux, go-yamux: Go gomux, xtaci/smux, hashicorp/yamux between two Go processes;
+      skipped when Go, ../shared/gomux-go (go) or the Go module proxy (go-smux, go-yamux,
+      on their first build) is missing, a failure then if GOMUX_REQUIRE_GO=1";
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -114,23 +136,31 @@ enum Mode {
     MuxTcp,
     /// gomux over TCP through the zero-copy stream API (`write_chunk`, `read_chunk`).
     MuxTcpZeroCopy,
+    /// Raw bytes over TLS on loopback TCP, a TLS connection per stream.
+    Tls,
+    /// gomux over one TLS connection.
+    MuxTls,
     Memory,
     MuxMemory,
     YamuxTcp,
-    /// Go gomux, sender and receiver in two Go processes over loopback TCP.
-    Go,
+    /// A Go multiplexer, sender and receiver in two Go processes over loopback TCP.
+    Go(GoMux),
 }
 
 impl Mode {
     /// Every mode, in the order `all` runs them.
-    const ALL: [Mode; 7] = [
+    const ALL: [Mode; 11] = [
         Mode::Tcp,
         Mode::MuxTcp,
         Mode::MuxTcpZeroCopy,
+        Mode::Tls,
+        Mode::MuxTls,
         Mode::Memory,
         Mode::MuxMemory,
         Mode::YamuxTcp,
-        Mode::Go,
+        Mode::Go(GoMux::Gomux),
+        Mode::Go(GoMux::Smux),
+        Mode::Go(GoMux::Yamux),
     ];
 
     fn name(self) -> &'static str {
@@ -138,11 +168,20 @@ impl Mode {
             Mode::Tcp => "tcp",
             Mode::MuxTcp => "mux-tcp",
             Mode::MuxTcpZeroCopy => "mux-tcp-zc",
+            Mode::Tls => "tls",
+            Mode::MuxTls => "mux-tls",
             Mode::Memory => "memory",
             Mode::MuxMemory => "mux-memory",
             Mode::YamuxTcp => "yamux-tcp",
-            Mode::Go => "go",
+            Mode::Go(GoMux::Gomux) => "go",
+            Mode::Go(GoMux::Smux) => "go-smux",
+            Mode::Go(GoMux::Yamux) => "go-yamux",
         }
+    }
+
+    /// Whether the mode is a transport's limit, which writes and reads 1 MiB at a time.
+    fn is_limit(self) -> bool {
+        matches!(self, Mode::Tcp | Mode::Tls)
     }
 }
 
@@ -199,13 +238,16 @@ fn main() {
     let tcp_payload = Arc::new(payload.rechunked(options.chunk.max(support::BULK)));
     let payload = Arc::new(payload);
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    // Built before anything is measured, so that the build does not share the cores with a
+    // Built before anything is measured, so that the builds do not share the cores with a
     // measurement.
-    let go_peer = if options.modes.contains(&Mode::Go) {
-        prepare_go()
-    } else {
-        Err("not asked for".to_string())
-    };
+    let go_programs: HashMap<GoMux, Result<PathBuf, String>> = options
+        .modes
+        .iter()
+        .filter_map(|&mode| match mode {
+            Mode::Go(mux) => Some((mux, go::prepare(mux, mode.name()))),
+            _ => None,
+        })
+        .collect();
 
     println!(
         "# {:<11} {:>7} {:>13} {:>9} {:>11} {:>7}",
@@ -213,16 +255,16 @@ fn main() {
     );
     let mut tcp_rate = None;
     for &mode in &options.modes {
-        let outcome = if mode == Mode::Go {
-            match &go_peer {
-                Ok(binary) => run_go(binary, &options, &payload),
+        let outcome = if let Mode::Go(mux) = mode {
+            match &go_programs[&mux] {
+                Ok(binary) => go::run(mux, binary, mode.name(), &options, &payload),
                 Err(reason) => {
-                    println!("# go: skipped: {reason}");
+                    println!("# {}: skipped: {reason}", mode.name());
                     continue;
                 }
             }
         } else {
-            let payload = if mode == Mode::Tcp {
+            let payload = if mode.is_limit() {
                 &tcp_payload
             } else {
                 &payload
@@ -304,8 +346,14 @@ impl Run {
             }
             Mode::Memory => self.on(support::Memory::default()).await,
             Mode::MuxMemory => self.on(support::gomux_duplex(Config::default())).await,
+            Mode::Tls => self.on(tls::Tls::bind().await?).await,
+            Mode::MuxTls => {
+                let (client, server) = tls::tls_pair().await?;
+                self.on(support::gomux_over(client, server, Config::default()))
+                    .await
+            }
             Mode::YamuxTcp => self.on(support::yamux_tcp().await?).await,
-            Mode::Go => unreachable!("the go mode runs in Go processes, see run_go"),
+            Mode::Go(_) => unreachable!("the Go modes run in Go processes, see speed/go.rs"),
         };
         ticker.abort();
         // Clear the progress line before the row goes to stdout.
@@ -352,171 +400,6 @@ fn draw_progress(name: &str, received: u64, total: u64, elapsed: Duration) {
         total as f64 / MIB
     );
     let _ = std::io::stderr().flush();
-}
-
-/// Builds the Go peer for the `go` mode, or says why it cannot. Exits at once if it cannot and
-/// `GOMUX_REQUIRE_GO` is set, before anything is measured.
-fn prepare_go() -> Result<PathBuf, String> {
-    eprint!("building the Go peer\r");
-    let built = go_peer::build();
-    eprint!("\r{:78}\r", "");
-    match built {
-        Ok(binary) => Ok(binary),
-        Err(reason) if go_peer::required() => {
-            eprintln!(
-                "speed: go: {reason} ({} is set, so the go mode may not be skipped)",
-                go_peer::REQUIRE_ENV
-            );
-            process::exit(1);
-        }
-        Err(reason) => Err(reason),
-    }
-}
-
-/// How long the Go processes may take to start, and to end once the transfer is over.
-const GO_START: Duration = Duration::from_secs(20);
-/// How long a Go process is given to end by itself once the run has failed.
-const GO_GONE: Duration = Duration::from_secs(2);
-/// How long the Go transfer may go without moving a byte before it is given up.
-const GO_STALL: Duration = Duration::from_secs(30);
-
-/// The `go` mode: the transfer between a Go sender and a Go receiver, two processes of the Go
-/// peer over loopback TCP. Returns the receiver's time, once both digests check out.
-fn run_go(binary: &Path, options: &Options, payload: &Payload) -> Result<Duration, String> {
-    // The Rust digest of the same content: a Go sender that agrees with it sends exactly what
-    // the Rust modes send.
-    let expected = combine(payload.stream_digests::<Checksum>(options.streams));
-    let streams = options.streams.to_string();
-    let mut content = vec!["-streams".to_string(), streams.clone()];
-    match &options.source {
-        Source::Generated(bytes) => content.extend(["-bytes".to_string(), bytes.to_string()]),
-        Source::File(path) => content.extend(["-file".to_string(), path.clone()]),
-    }
-    content.extend(["-chunk".to_string(), options.chunk.to_string()]);
-
-    let args = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
-    let mut receiver = GoPeer::spawn(
-        binary,
-        &args(&[
-            "bench",
-            "receive",
-            "-listen",
-            "127.0.0.1:0",
-            "-streams",
-            &streams,
-        ]),
-    )
-    .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-    let addr = match receiver.listening(GO_START) {
-        Ok(addr) => addr,
-        Err(e) => return Err(go_failure("the receiver", e, receiver.finish(GO_GONE))),
-    };
-    let mut sending = args(&["bench", "send", "-connect", &addr.to_string()]);
-    sending.extend(content);
-    let mut sender = GoPeer::spawn(binary, &sending)
-        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-
-    let received = match follow_receiver(&mut receiver, payload.total()) {
-        Ok(line) => line,
-        Err(e) => {
-            // The other process says more often than not what went wrong.
-            let why = go_failure("the receiver", e, receiver.finish(GO_GONE));
-            return Err(go_failure("the sender", why, sender.finish(GO_GONE)));
-        }
-    };
-    let sent = sender.wait_line("sent ", GO_START);
-    let (receiver_exit, sender_exit) = (receiver.finish(GO_START), sender.finish(GO_START));
-    let sent = match sent {
-        Ok(line) if sender_exit.success() => line,
-        Ok(_) => return Err(go_failure("the sender", "it failed".into(), sender_exit)),
-        Err(e) => return Err(go_failure("the sender", e, sender_exit)),
-    };
-    if !receiver_exit.success() {
-        return Err(go_failure(
-            "the receiver",
-            "it failed".into(),
-            receiver_exit,
-        ));
-    }
-
-    let sent_digest = field(&sent, "digest").and_then(|hex| u64::from_str_radix(hex, 16).ok());
-    let received_digest =
-        field(&received, "digest").and_then(|hex| u64::from_str_radix(hex, 16).ok());
-    let received_bytes = field(&received, "bytes").and_then(|n| n.parse::<u64>().ok());
-    let seconds = field(&received, "seconds").and_then(|s| s.parse::<f64>().ok());
-    let (Some(sent_digest), Some(received_digest), Some(received_bytes), Some(seconds)) =
-        (sent_digest, received_digest, received_bytes, seconds)
-    else {
-        return Err(format!(
-            "cannot read the Go peers' results: sent {sent:?}, received {received:?}"
-        ));
-    };
-    if sent_digest != expected {
-        return Err(format!(
-            "the Go sender's content or checksum differs from this tool's (digest {sent_digest:016x}, \
-             expected {expected:016x}): tests/interop/go/bench_content.go no longer matches \
-             benches/support and this file"
-        ));
-    }
-    if received_digest != sent_digest || received_bytes != payload.total() {
-        return Err(format!(
-            "the streams arrived different from what was sent: {received_bytes} of {} bytes, \
-             digest {received_digest:016x} against {sent_digest:016x} sent",
-            payload.total()
-        ));
-    }
-    Ok(Duration::from_secs_f64(seconds))
-}
-
-/// Follows the Go receiver's progress lines, redrawing the progress line, until its result line;
-/// returns that line.
-fn follow_receiver(receiver: &mut GoPeer, total: u64) -> Result<String, String> {
-    let start = Instant::now();
-    let mut last = (0, Instant::now());
-    loop {
-        let line = receiver
-            .wait_line("", GO_STALL)
-            .map_err(|e| format!("waiting for the receiver's progress and result: {e}"))?;
-        if let Some(result) = line.strip_prefix("received ") {
-            eprint!("\r{:78}\r", "");
-            return Ok(result.to_string());
-        }
-        let Some(bytes) = line
-            .strip_prefix("progress ")
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        draw_progress(Mode::Go.name(), bytes, total, start.elapsed());
-        if bytes > last.0 {
-            last = (bytes, Instant::now());
-        } else if last.1.elapsed() > GO_STALL {
-            return Err(format!("no progress for {GO_STALL:?} after {bytes} bytes"));
-        }
-    }
-}
-
-/// An error of one of the Go processes, with what it printed on stderr.
-fn go_failure(who: &str, error: String, exit: go_peer::Exit) -> String {
-    let stderr = exit.stderr().trim();
-    let status = match &exit {
-        go_peer::Exit::Exited {
-            code: Some(code), ..
-        } => format!("exit status {code}"),
-        go_peer::Exit::Exited { code: None, .. } => "killed by a signal".to_string(),
-        go_peer::Exit::Hung { .. } => "still running, killed".to_string(),
-    };
-    if stderr.is_empty() {
-        format!("{error}; {who}: {status}")
-    } else {
-        format!("{error}; {who}: {status}: {stderr}")
-    }
-}
-
-/// The value of `name=` in a line of `name=value` words.
-fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// One value for the digests of all streams of a transfer, in an order that does not depend on

@@ -30,6 +30,9 @@ import sys
 TARGET_LIMIT = 0.90
 TARGET_GO = 2.0
 TARGET_YAMUX = 3.0
+# Go's xtaci/smux and hashicorp/yamux, every byte hashed, like Go gomux's rows.
+TARGET_SMUX = 1.5
+TARGET_GO_YAMUX = 1.5
 TARGET_RTT = 1.05
 TARGET_ECHO = 4.0
 TARGET_REDIS = 1.0
@@ -38,6 +41,10 @@ TARGET_IDLE = 256
 TARGET_ALLOC = 0.0
 TARGET_IDLE_SESSION = 2048
 TARGET_IDLE_SESSION_GO = 10.0
+
+
+# The Go multiplexers beside Go gomux: (key of their rows, name, target ratio).
+GO_MUXES = (("go-smux", "Go smux", TARGET_SMUX), ("go-yamux", "hashicorp/yamux", TARGET_GO_YAMUX))
 
 
 class Run:
@@ -426,8 +433,11 @@ def main():
         f"- Load average (1, 5 and 15 minutes): {meta['load-start']} at the start,"
         f" {meta['load-end']} at the end.",
         "- Both ends of every transfer run in one process unless said otherwise, over loopback TCP.",
-        "",
     )
+    if meta.get("throughput-only") == "true":
+        out("- Only the throughput rows were measured (`--throughput-only`): the sections of the other"
+            " measurements are empty, and their targets read as not measured.")
+    out("")
 
     # --- The targets -----------------------------------------------------------------------
     targets = []
@@ -452,6 +462,11 @@ def main():
     for k in counts:
         ratio_target(f"gomux ≥ {TARGET_YAMUX:.0f} × yamux, {streams(k)}", f"tp-{k}-mux-nv",
                      f"tp-{k}-yamux-nv", TARGET_YAMUX)
+    for key, name, bound in GO_MUXES:
+        for k in counts:
+            for suffix, processes in (("", "2 processes"), ("-pair", "1 process")):
+                ratio_target(f"gomux ≥ {bound:.1f} × {name} ({processes}), {streams(k)}", f"tp-{k}-mux",
+                             f"tp-{k}-{key}{suffix}", bound)
     ratio_target(f"64-byte round trip ≤ {TARGET_RTT:.2f} × raw TCP's", "rtt-rust-gomux", "rtt-rust-tcp",
                  TARGET_RTT, at_least=False)
     ratio_target(f"{meta['many-streams']} × 1 KiB echo ≥ {TARGET_ECHO:.0f} × as fast as Go gomux's",
@@ -571,6 +586,36 @@ def main():
         ["tp-mux", "tp-go", "tp-go-pair"],
         table(["streams", "gomux", "Go gomux, 2 processes", "Go gomux, 1 process",
                "gomux ÷ Go (2 proc.)", "gomux ÷ Go (1 proc.)"], rows),
+    )
+    rows = []
+    for k in counts:
+        mux = f"tp-{k}-mux"
+        others = [f"tp-{k}-{key}{suffix}" for key, _, _ in GO_MUXES for suffix in ("", "-pair")]
+        rows.append(run.row(k, [mux] + others, ".0f", [(mux, other) for other in others]))
+    section(
+        run, "Throughput against Go smux and hashicorp/yamux",
+        ["The same transfer as against Go gomux, every byte hashed at both ends, through the Go",
+         "multiplexers most often picked, each with its default configuration: xtaci/smux and",
+         "hashicorp/yamux (" + (meta.get("go-compare") or "the versions of benches/go-compare/go.mod")
+         + "), run by benches/go-compare as two processes (the speed tool's `go-smux` and",
+         "`go-yamux` modes) and as one (`-pair`). The gomux column is the one above:"],
+        ["tp-mux", "tp-go-smux", "tp-go-smux-pair", "tp-go-yamux", "tp-go-yamux-pair"],
+        table(["streams", "gomux", "smux, 2 proc.", "smux, 1 proc.", "yamux, 2 proc.", "yamux, 1 proc.",
+               "gomux ÷ smux (2)", "gomux ÷ smux (1)", "gomux ÷ yamux (2)", "gomux ÷ yamux (1)"], rows),
+    )
+    rows = []
+    for k in counts:
+        limit, tls, mux = f"tp-{k}-limit", f"tp-{k}-tls", f"tp-{k}-mux-tls-nv"
+        rows.append(run.row(k, (limit, tls, mux), ".0f", ((mux, tls), (tls, limit))))
+    section(
+        run, "Throughput over TLS",
+        ["rustls (TLS 1.3, the `ring` provider) over loopback TCP, nothing hashed: one TLS",
+         "connection carrying raw bytes in 1 MiB writes and reads (`tls`, the limit under TLS,",
+         "measured beside the rows of each stream count like the TCP limit) and gomux over one TLS",
+         "connection with 64 KiB writes (`mux-tls`); the TCP limit from above beside them:"],
+        ["tp-tls", "tp-mux-tls-nv"],
+        table(["streams", "TCP limit", "TLS limit", "gomux over TLS", "gomux ÷ TLS limit",
+               "TLS limit ÷ TCP limit"], rows),
     )
 
     # --- Round trip --------------------------------------------------------------------------
@@ -753,7 +798,9 @@ def main():
     # --- Every round -------------------------------------------------------------------------
     keys = []
     for k in counts:
-        keys += [f"tp-{k}-{w}" for w in ("iperf3", "tcp", "limit", "mux-nv", "yamux-nv", "mux", "go", "go-pair")]
+        keys += [f"tp-{k}-{w}" for w in ("iperf3", "tcp", "limit", "mux-nv", "yamux-nv", "mux", "go", "go-pair",
+                                         "go-smux", "go-smux-pair", "go-yamux", "go-yamux-pair", "tls",
+                                         "mux-tls-nv")]
     keys += ["rtt-rust-tcp", "rtt-rust-gomux", "rtt-go-tcp", "rtt-go-gomux", "many-rust-echo",
              "many-go-echo", "many-rust-idle", "many-go-idle", "many-go-resident"]
     rows = []
@@ -789,7 +836,8 @@ def main():
         "<details>",
         "<summary>The figures of each round (throughput in MiB/s, round trips in µs, echo in ms,",
         "memory in bytes per stream end); keys: <code>tp-K-…</code> is K streams; <code>-nv</code>",
-        "counted without hashing; <code>go</code> two Go processes, <code>go-pair</code> one.</summary>",
+        "counted without hashing; <code>go</code> two Go processes, <code>go-pair</code> one (the same for",
+        "<code>go-smux</code> and <code>go-yamux</code>); <code>tls</code> one TLS connection.</summary>",
         "",
         table(["figure"] + [f"round {r}" for r in range(1, run.rounds + 1)], rows),
         "",

@@ -11,7 +11,11 @@
 #   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
 #   both ends (`mux-tcp`, against Go gomux doing the same: `--mode go`, sender and receiver in
 #   two Go processes, and `gomux-go-peer bench receive -pair`, both ends in one process, as
-#   the Rust modes run), and yamux without hashing (`yamux-tcp --no-verify`);
+#   the Rust modes run; and against xtaci/smux and hashicorp/yamux the same two ways:
+#   `--mode go-smux` and `--mode go-yamux`, and `gomux-go-compare smux|yamux receive -pair`,
+#   from benches/go-compare), and yamux without hashing (`yamux-tcp --no-verify`); and over
+#   TLS, without hashing: one TLS connection (`tls --no-verify`, the limit under TLS) and gomux
+#   over one (`mux-tls --no-verify`);
 # - the 64-byte round trip: `cargo bench --bench latency` (its raw TCP and gomux rows) against
 #   `gomux-go-peer bench rtt -pair` over gomux and over the raw TCP connection;
 # - 8192 idle streams, then 8192 streams each echoing 1 KiB: examples/many_streams.rs against
@@ -32,11 +36,19 @@
 # link and what priority 10 beside 0 takes (benches/shares.rs), and the memory of 10,000 idle sessions beside
 # Go gomux's (benches/idle_sessions.rs).
 #
-# usage: scripts/benchmarks.sh [--quick] [--rounds N] [--output FILE] [--notes FILE] [--no-redis]
+# usage: scripts/benchmarks.sh [--quick] [--rounds N] [--bytes SIZE] [--streams LIST]
+#                              [--throughput-only] [--output FILE] [--notes FILE] [--no-redis]
 #   --quick        1 round of 64M per row at 1 and 100 streams, shorter round trips, one run of
 #                  Redis with fewer requests, the allocation test's debug build: a check that
 #                  everything runs (for CI), still a complete document
 #   --rounds N     rounds (default 3, about 60 s each here; at least 2 to see the machine move)
+#   --bytes SIZE   bytes per throughput row (default 2G; 64M with --quick)
+#   --streams LIST the stream counts of the throughput rows, comma-separated (default
+#                  1,10,100,500,1000; 1,100 with --quick)
+#   --throughput-only
+#                  measure the throughput rows only: no round trips, many streams, Redis,
+#                  profiles, allocations, latency under load, shares or idle sessions (the
+#                  document's sections for those stay empty)
 #   --output FILE  where to write the document (default BENCHMARKS.md at the repository root)
 #   --notes FILE   Markdown included as it is under "Notes" (default
 #                  scripts/benchmarks-notes.md; an empty name leaves the section out)
@@ -45,7 +57,9 @@
 # Needs cargo, Go (the `go` command, or /usr/local/go/bin/go) with the Go gomux source beside
 # the clone in ../shared/gomux-go, python3 and iperf3; unless --no-redis, redis-server,
 # redis-cli and redis-benchmark; perf for the profiles (left out, with the reason, when it is
-# missing or not permitted). Installs and downloads nothing. On the 2-core development machine
+# missing or not permitted). Installs nothing; downloads only the Go modules of
+# benches/go-compare (smux and yamux, pinned by its go.sum) through the Go module proxy, the
+# first time it builds it. On the 2-core development machine
 # the default run took about 7 minutes after the builds when Redis ran once per K (3 of them for
 # Redis; three runs now make that about 9), --quick under a minute; the latency bench's first
 # build takes a few minutes more.
@@ -70,6 +84,7 @@ rtt_criterion=()
 many_streams=8192
 idle_sessions=10000
 redis=true
+throughput_only=false
 redis_connections="1 2 4"
 # Runs of scripts/redis-tunnel.sh per K, the order of its three targets turning from run to run.
 redis_runs=3
@@ -116,7 +131,8 @@ while (($#)); do
         idle_sessions=1000
         ;;
     --no-redis) redis=false ;;
-    --rounds | --output | --notes)
+    --throughput-only) throughput_only=true ;;
+    --rounds | --bytes | --streams | --output | --notes)
         if (($# < 2)); then
             echo "benchmarks: $1 needs a value" >&2
             usage >&2
@@ -125,6 +141,8 @@ while (($#)); do
         # Names given on the command line are relative to where it was typed.
         case "$1" in
         --rounds) rounds=$2 ;;
+        --bytes) bytes=$2 ;;
+        --streams) stream_counts=${2//,/ } ;;
         --output) output=$(cd "$caller" && realpath -m -- "$2") ;;
         --notes) notes=${2:+$(cd "$caller" && realpath -m -- "$2")} ;;
         esac
@@ -145,6 +163,13 @@ done
 if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
     echo "benchmarks: --rounds takes a positive whole number, not $rounds" >&2
     exit 2
+fi
+if ! [[ $stream_counts =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]]; then
+    echo "benchmarks: --streams takes positive whole numbers separated by commas, not $stream_counts" >&2
+    exit 2
+fi
+if $throughput_only; then
+    redis=false
 fi
 if [ -n "$notes" ] && [ ! -f "$notes" ]; then
     fail "no notes file $notes"
@@ -175,11 +200,23 @@ echo "building (release)..." >&2
 mkdir -p "$target/gomux-go-peer"
 peer=$(cd "$target/gomux-go-peer" && pwd)/gomux-go-peer
 (cd tests/interop/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local "$go" build -o "$peer" .)
+# The Go multiplexers compared, a module of its own whose modules come from the Go module proxy
+# (an environment that turns the proxy off, as the peer's build above does, is overridden here).
+mkdir -p "$target/gomux-go-compare"
+compare=$(cd "$target/gomux-go-compare" && pwd)/gomux-go-compare
+go_proxy=${GOPROXY:-}
+if [ -z "$go_proxy" ] || [[ $go_proxy =~ (^|[,|])off($|[,|]) ]]; then
+    go_proxy=https://proxy.golang.org,direct
+fi
+(cd benches/go-compare && GOFLAGS=-mod=readonly GOPROXY=$go_proxy GOTOOLCHAIN=local "$go" build -o "$compare" .) ||
+    fail "cannot build benches/go-compare (its modules come from the Go module proxy: GOPROXY=$go_proxy)"
 cargo build --release --example speed --example many_streams >&2
-cargo bench --bench latency --no-run >&2
-cargo bench --features tcp --bench latency_under_load --no-run >&2
-cargo bench --features tcp --bench shares --no-run >&2
-cargo bench --bench idle_sessions --no-run >&2
+if ! $throughput_only; then
+    cargo bench --bench latency --no-run >&2
+    cargo bench --features tcp --bench latency_under_load --no-run >&2
+    cargo bench --features tcp --bench shares --no-run >&2
+    cargo bench --bench idle_sessions --no-run >&2
+fi
 speed="$target/release/examples/speed"
 many="$target/release/examples/many_streams"
 # grep reads the whole help, not up to the first match (as -q does): a closed pipe would make
@@ -235,8 +272,8 @@ speed_rate() {
     local mode=$1 streams=$2 out
     shift 2
     out=$(quietly "$speed" --mode "$mode" --streams "$streams" --bytes "$bytes" "$@")
-    if grep -q '^# go: skipped' <<<"$out"; then
-        fail "$(grep '^# go: skipped' <<<"$out")"
+    if grep -q '^# [a-z-]*: skipped' <<<"$out"; then
+        fail "$(grep '^# [a-z-]*: skipped' <<<"$out")"
     fi
     awk -v mode="$mode" '$1 == mode { print $5 }' <<<"$out"
 }
@@ -244,15 +281,22 @@ shown tp-mux-nv "$speed --mode mux-tcp --no-verify --streams K --bytes $bytes"
 shown tp-mux "$speed --mode mux-tcp --streams K --bytes $bytes"
 shown tp-go "$speed --mode go --streams K --bytes $bytes"
 shown tp-yamux-nv "$speed --mode yamux-tcp --no-verify --streams K --bytes $bytes"
+shown tp-go-smux "$speed --mode go-smux --streams K --bytes $bytes"
+shown tp-go-yamux "$speed --mode go-yamux --streams K --bytes $bytes"
+shown tp-tls "$speed --mode tls --no-verify --streams 1 --bytes $bytes"
+shown tp-mux-tls-nv "$speed --mode mux-tls --no-verify --streams K --bytes $bytes"
 
-# Go gomux with both ends in one process: MiB/s, once the digests of both ends agree.
+# A Go multiplexer with both ends in one process: MiB/s, once the digests of both ends agree.
+# The program and the words before its role: "$peer" bench (Go gomux), "$compare" smux or
+# "$compare" yamux.
 go_pair_rate() {
     local streams=$1 out sent received
-    out=$(quietly "$peer" bench receive -pair -progress 0 -streams "$streams" -bytes "$bytes")
+    shift
+    out=$(quietly "$@" receive -pair -progress 0 -streams "$streams" -bytes "$bytes")
     sent=$(awk '/^sent / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
     received=$(awk '/^received / { for (i = 2; i <= NF; i++) if ($i ~ /^digest=/) print $i }' <<<"$out")
     if [ -z "$sent" ] || [ "$sent" != "$received" ]; then
-        fail "Go transfer with $streams streams: sent $sent, received $received"
+        fail "Go transfer ($*) with $streams streams: sent $sent, received $received"
     fi
     awk '/^received / {
         for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
@@ -260,6 +304,8 @@ go_pair_rate() {
     }' <<<"$out"
 }
 shown tp-go-pair "$peer bench receive -pair -progress 0 -streams K -bytes $bytes"
+shown tp-go-smux-pair "$compare smux receive -pair -progress 0 -streams K -bytes $bytes"
+shown tp-go-yamux-pair "$compare yamux receive -pair -progress 0 -streams K -bytes $bytes"
 
 # The transport's limit as iperf3 measures it: MiB/s received, over one loopback connection
 # with 1 MiB writes, against the server started below. With two cores or more, the client and
@@ -343,8 +389,15 @@ throughput_row() {
     mux-nv) rate=$(speed_rate mux-tcp "$streams" --no-verify) ;;
     mux) rate=$(speed_rate mux-tcp "$streams") ;;
     go) rate=$(speed_rate go "$streams") ;;
-    go-pair) rate=$(go_pair_rate "$streams") ;;
+    go-pair) rate=$(go_pair_rate "$streams" "$peer" bench) ;;
     yamux-nv) rate=$(speed_rate yamux-tcp "$streams" --no-verify) ;;
+    go-smux) rate=$(speed_rate go-smux "$streams") ;;
+    go-smux-pair) rate=$(go_pair_rate "$streams" "$compare" smux) ;;
+    go-yamux) rate=$(speed_rate go-yamux "$streams") ;;
+    go-yamux-pair) rate=$(go_pair_rate "$streams" "$compare" yamux) ;;
+    # The limit under TLS, beside the rows of every stream count: always one connection.
+    tls) rate=$(speed_rate tls 1 --no-verify) ;;
+    mux-tls-nv) rate=$(speed_rate mux-tls "$streams" --no-verify) ;;
     esac
     need "$what with $streams streams" "$rate"
     echo "  $streams streams, $what: $rate MiB/s" >&2
@@ -489,6 +542,7 @@ meta started "$(date -u '+%Y-%m-%d %H:%M:%S')"
 meta load-start "$(cut -d' ' -f1-3 /proc/loadavg)"
 meta command "scripts/benchmarks.sh$invocation"
 meta quick "$quick"
+meta throughput-only "$throughput_only"
 meta rounds "$rounds"
 meta bytes "$bytes"
 meta streams "$stream_counts"
@@ -504,15 +558,19 @@ meta memory "$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/memin
 meta kernel "$(uname -r)"
 meta rustc "$(rustc --version)"
 meta go "$("$go" version)"
+meta go-compare "$(cd benches/go-compare && awk '$1 ~ /^github.com\// { printf "%s%s %s", sep, $1, $2; sep = ", " }' go.mod)"
 meta iperf3 "$(iperf3 --version | head -n 1)"
 
+throughput_rows="iperf3 tcp mux-nv mux go go-pair yamux-nv go-smux go-smux-pair go-yamux go-yamux-pair tls mux-tls-nv"
 for ((round = 1; round <= rounds; round++)); do
     echo "round $round of $rounds ($(date -u +%H:%M:%S))" >&2
     for streams in $stream_counts; do
-        rotated "$round" "iperf3 tcp mux-nv mux go go-pair yamux-nv" throughput_row "$round" "$streams"
+        rotated "$round" "$throughput_rows" throughput_row "$round" "$streams"
     done
-    rotated "$round" "rust go" rtt_row "$round"
-    rotated "$round" "rust go" many_row "$round"
+    if ! $throughput_only; then
+        rotated "$round" "rust go" rtt_row "$round"
+        rotated "$round" "rust go" many_row "$round"
+    fi
 done
 meta rounds-finished "$(date -u '+%H:%M:%S')"
 
@@ -554,41 +612,43 @@ if $redis; then
     fi
 fi
 
-profile one 1 "$profile_bytes_one"
-profile many 1000 "$profile_bytes_many"
+if ! $throughput_only; then
+    profile one 1 "$profile_bytes_one"
+    profile many 1000 "$profile_bytes_many"
 
-alloc_test=(cargo test "${alloc_build[@]}" --test alloc -- --nocapture)
-echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2
-shown alloc "${alloc_test[*]}"
-if ! "${alloc_test[@]}" >"$work/alloc.txt" 2>"$work/alloc.err"; then
-    echo "failed" >"$work/alloc.failed"
-fi
+    alloc_test=(cargo test "${alloc_build[@]}" --test alloc -- --nocapture)
+    echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2
+    shown alloc "${alloc_test[*]}"
+    if ! "${alloc_test[@]}" >"$work/alloc.txt" 2>"$work/alloc.err"; then
+        echo "failed" >"$work/alloc.failed"
+    fi
 
-# Latency under load, once: the bench prints its own table, which goes into the document.
-loaded=(cargo bench --features tcp --bench latency_under_load -- "${loaded_options[@]}")
-echo "latency under load: ${loaded[*]} ($(date -u +%H:%M:%S))" >&2
-shown loaded "${loaded[*]}"
-if ! "${loaded[@]}" >"$work/loaded.txt" 2>"$work/loaded.err"; then
-    tail -5 "$work/loaded.err" >"$work/loaded.failed"
-fi
+    # Latency under load, once: the bench prints its own table, which goes into the document.
+    loaded=(cargo bench --features tcp --bench latency_under_load -- "${loaded_options[@]}")
+    echo "latency under load: ${loaded[*]} ($(date -u +%H:%M:%S))" >&2
+    shown loaded "${loaded[*]}"
+    if ! "${loaded[@]}" >"$work/loaded.txt" 2>"$work/loaded.err"; then
+        tail -5 "$work/loaded.err" >"$work/loaded.failed"
+    fi
 
-# How one session's bulk streams share the emulated link, once: eight at one priority, then
-# priority 10 beside 0. The bench prints its own table.
-shares=(cargo bench --features tcp --bench shares -- "${shares_options[@]}")
-echo "shares: ${shares[*]} ($(date -u +%H:%M:%S))" >&2
-shown shares "${shares[*]}"
-if ! "${shares[@]}" >"$work/shares.txt" 2>"$work/shares.err"; then
-    tail -5 "$work/shares.err" >"$work/shares.failed"
-fi
+    # How one session's bulk streams share the emulated link, once: eight at one priority, then
+    # priority 10 beside 0. The bench prints its own table.
+    shares=(cargo bench --features tcp --bench shares -- "${shares_options[@]}")
+    echo "shares: ${shares[*]} ($(date -u +%H:%M:%S))" >&2
+    shown shares "${shares[*]}"
+    if ! "${shares[@]}" >"$work/shares.txt" 2>"$work/shares.err"; then
+        tail -5 "$work/shares.err" >"$work/shares.failed"
+    fi
 
-# Idle sessions, one connection each: resident bytes per session end, this crate's and Go
-# gomux's (the bench runs the Go peer itself), in idle-sessions.txt.
-idle_bench=(cargo bench --bench idle_sessions -- --sessions "$idle_sessions")
-echo "idle sessions: ${idle_bench[*]} ($(date -u +%H:%M:%S))" >&2
-shown idle-sessions "${idle_bench[*]}"
-if ! GOMUX_REQUIRE_GO=1 "${idle_bench[@]}" >"$work/idle-sessions.txt" 2>"$work/idle-sessions.err"; then
-    echo "failed" >"$work/idle-sessions.failed"
-    tail -5 "$work/idle-sessions.err" >&2
+    # Idle sessions, one connection each: resident bytes per session end, this crate's and Go
+    # gomux's (the bench runs the Go peer itself), in idle-sessions.txt.
+    idle_bench=(cargo bench --bench idle_sessions -- --sessions "$idle_sessions")
+    echo "idle sessions: ${idle_bench[*]} ($(date -u +%H:%M:%S))" >&2
+    shown idle-sessions "${idle_bench[*]}"
+    if ! GOMUX_REQUIRE_GO=1 "${idle_bench[@]}" >"$work/idle-sessions.txt" 2>"$work/idle-sessions.err"; then
+        echo "failed" >"$work/idle-sessions.failed"
+        tail -5 "$work/idle-sessions.err" >&2
+    fi
 fi
 
 meta finished "$(date -u '+%H:%M:%S')"
