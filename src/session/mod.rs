@@ -3,10 +3,12 @@
 pub(crate) mod core;
 pub(crate) mod direct;
 mod driver;
+mod incoming;
 mod linger;
 pub(crate) mod now;
 mod out_queue;
 mod read_buf;
+mod waiting;
 
 use std::fmt;
 use std::future::poll_fn;
@@ -19,6 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::core::{Inner, Shared};
 pub use self::driver::Connection;
+pub use self::incoming::Incoming;
+use self::waiting::Waiting;
 use crate::config::{Config, Role};
 use crate::error::Error;
 use crate::stats::Stats;
@@ -425,11 +429,7 @@ impl Session {
     /// # }
     /// ```
     pub fn incoming(&self) -> Incoming {
-        Incoming {
-            session: self.clone(),
-            done: false,
-            slot: None,
-        }
+        Incoming::new(self.clone())
     }
 
     /// Closes the session gracefully: what is already written is flushed, then CloseMux, then
@@ -785,84 +785,6 @@ impl fmt::Debug for Session {
             .field("role", &inner.role)
             .field("streams", &inner.stream_count())
             .field("end", &inner.end_reason())
-            .finish()
-    }
-}
-
-/// A future's slot in one of the session's wait lists, given back when the future is dropped,
-/// whether it finished or not.
-struct Waiting<'a> {
-    shared: &'a Shared,
-    /// Gives the slot back.
-    leave: fn(&mut Inner, &mut Option<usize>),
-    slot: Option<usize>,
-}
-
-impl<'a> Waiting<'a> {
-    fn new(shared: &'a Shared, leave: fn(&mut Inner, &mut Option<usize>)) -> Waiting<'a> {
-        Waiting {
-            shared,
-            leave,
-            slot: None,
-        }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if self.slot.is_some() {
-            (self.leave)(&mut self.shared.lock(), &mut self.slot);
-        }
-    }
-}
-
-/// The streams the peer opens, from [`Session::incoming`].
-#[must_use = "streams do nothing unless polled"]
-pub struct Incoming {
-    session: Session,
-    done: bool,
-    /// Its slot among the tasks waiting in `accept`, held while it lives.
-    slot: Option<usize>,
-}
-
-impl Drop for Incoming {
-    fn drop(&mut self) {
-        if self.slot.is_some() {
-            self.session
-                .shared
-                .lock()
-                .accept_waiter_gone(&mut self.slot);
-        }
-    }
-}
-
-impl futures_core::Stream for Incoming {
-    type Item = Result<Stream, Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let this = &mut *self;
-        match this.session.poll_accept(cx, &mut this.slot) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(stream)) => Poll::Ready(Some(Ok(stream))),
-            Poll::Ready(Err(error)) => {
-                self.done = true;
-                if error.is_graceful() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Ready(Some(Err(error)))
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Debug for Incoming {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Incoming")
-            .field("done", &self.done)
             .finish()
     }
 }

@@ -13,26 +13,22 @@
 //! | `recv.rs` | received frames, reads, credit returned, window growth |
 //! | `send.rs` | opens, writes, closes, flushes, handles going away |
 //! | `send_queue.rs` | each stream's send queue, and the scheduler that builds batches from them |
-//! | `outgoing.rs` | what the session sends and in which order: the outgoing side's state |
-//! | `control.rs` | the control queue: credit, refusals, keepalives, and when they go |
-//! | `room.rs` | writers and openers waiting for room, streams for their bytes to be written |
-//! | `direct_admit.rs` | when a writer writes its frame to the transport itself |
-//! | `batch.rs` | the driver's batches, and what writing them reports |
+//! | `outgoing/mod.rs` | what the session sends and in which order: the outgoing side's state |
+//! | `outgoing/control.rs` | the control queue: credit, refusals, keepalives, and when they go |
+//! | `outgoing/room.rs` | writers and openers waiting for room, streams for their bytes to be written |
+//! | `outgoing/direct_admit.rs` | when a writer writes its frame to the transport itself |
+//! | `outgoing/batch.rs` | the driver's batches, and what writing them reports |
 //! | `lifecycle.rs` | how a session ends, and what its handles learn of it |
 //! | `peer.rs` | what the peer is (greeted or plain), and the opens waiting for its acknowledgements |
 //!
 //! One mutex guards it all, and it is never held across an `.await` or a transport call.
 
-mod batch;
-mod control;
-mod direct_admit;
 mod id_hash;
 mod lifecycle;
 mod outgoing;
 mod peer;
 mod recv;
 pub(crate) mod recv_buf;
-mod room;
 mod send;
 mod send_queue;
 mod slab;
@@ -47,10 +43,10 @@ use std::task::Waker;
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-pub(crate) use self::batch::Batch;
-pub(crate) use self::direct_admit::Admitted;
 use self::id_hash::IdMap;
 use self::lifecycle::Lifecycle;
+pub(crate) use self::outgoing::Admitted;
+pub(crate) use self::outgoing::Batch;
 use self::outgoing::{Control, Outgoing};
 use self::peer::Peer;
 pub(crate) use self::peer::PeerKind;

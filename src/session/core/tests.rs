@@ -646,7 +646,7 @@ fn nothing_overtakes_an_unwritten_open() {
 #[test]
 fn an_open_behind_a_full_control_queue_or_unwritten_data_goes_in_its_send_queue() {
     let mut core = Core::new(Role::Client, Config::default());
-    for _ in 0..super::control::OPENS_IN_CONTROL {
+    for _ in 0..super::outgoing::control::OPENS_IN_CONTROL {
         core.inner.queue_keepalive();
     }
     let control = core.inner.control_len();
@@ -1046,10 +1046,10 @@ fn a_direct_write_goes_alone_and_a_burst_is_left_to_the_driver() {
     assert!(!core.inner.yield_to_writers(), "once");
     assert_eq!(data_of(core.sent()), vec![a_id, a_id]);
     assert!(!core.inner.yielded_to_writers(), "the batch was taken");
-    write(&mut core, a, super::batch::COALESCE_BELOW);
+    write(&mut core, a, super::outgoing::batch::COALESCE_BELOW);
     assert!(
         !core.inner.yield_to_writers(),
         "a batch of {} bytes or more is taken at once",
-        super::batch::COALESCE_BELOW
+        super::outgoing::batch::COALESCE_BELOW
     );
 }

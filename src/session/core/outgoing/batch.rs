@@ -11,10 +11,10 @@
 use std::collections::VecDeque;
 use std::task::Waker;
 
+use super::super::send_queue;
+use super::super::stream_state::{Queued, WriteWait, NO_QUEUE};
+use super::super::{Inner, Now};
 use super::control::{control_written_to, CONTROL_MARK_SWEEP};
-use super::send_queue;
-use super::stream_state::{Queued, WriteWait, NO_QUEUE};
-use super::{Inner, Now};
 use crate::frame::{Header, Kind};
 use crate::session::out_queue::OutQueue;
 
@@ -24,7 +24,7 @@ const BOUNDARY_SPACING: u64 = 16 * 1024;
 
 /// The driver yields to the writers before taking a batch only while less data than this is
 /// queued (see [`Inner::yield_to_writers`]).
-pub(super) const COALESCE_BELOW: usize = 16 * 1024;
+pub(in crate::session::core) const COALESCE_BELOW: usize = 16 * 1024;
 
 /// Where the parts of one batch the driver took lie in their queues.
 #[derive(Debug, Default, Clone, Copy)]

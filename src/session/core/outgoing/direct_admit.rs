@@ -17,11 +17,11 @@
 use std::cell::Cell;
 use std::task::{ready, Poll, Waker};
 
+use super::super::send::data_header;
+use super::super::stream_state::{register, Queued};
+use super::super::{Inner, Now};
 use super::batch::COALESCE_BELOW;
 use super::control::Control;
-use super::send::data_header;
-use super::stream_state::{register, Queued};
-use super::{Inner, Now};
 use crate::error::Error;
 use crate::frame::{Header, Kind};
 use crate::session::direct::Direct;
@@ -63,13 +63,13 @@ pub(crate) struct DirectBatch {
 
 /// What the transport did not take of a direct write (see `Outgoing::direct_rest`).
 #[derive(Default)]
-pub(super) struct DirectRest {
+pub(in crate::session::core) struct DirectRest {
     /// Waiting for the driver to take it (`Control::DirectRest` in the control queue).
-    pub(super) bytes: Vec<u8>,
+    pub(in crate::session::core) bytes: Vec<u8>,
     /// Taken into the driver's batch, not written yet: its length, and the control-queue
     /// position once it is written (for `Stats::queued`).
-    pub(super) taken: usize,
-    pub(super) taken_end: u64,
+    pub(in crate::session::core) taken: usize,
+    pub(in crate::session::core) taken_end: u64,
 }
 
 impl Inner {

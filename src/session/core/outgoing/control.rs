@@ -16,13 +16,13 @@
 
 use std::task::Waker;
 
-use super::outgoing::Outgoing;
-use super::stream_state::{Queued, NO_QUEUE};
-use super::{micros_since, Inner, Now};
+use super::super::stream_state::{Queued, NO_QUEUE};
+use super::super::{micros_since, Inner, Now};
+use super::Outgoing;
 use crate::frame::{Header, Kind};
 
 /// An entry of the control queue.
-pub(super) enum Control {
+pub(in crate::session::core) enum Control {
     /// Credit owed to the peer on a stream; the amount is taken when the driver writes it.
     Credit { key: usize, id: u32 },
     /// A frame without payload: a refusal, a close, a keepalive.
@@ -36,7 +36,7 @@ pub(super) enum Control {
 /// `written`. Right while `mark` is less than 2^31 entries behind or ahead: a mark not yet
 /// written is at most the control queue's bound ahead, and [`Inner::forget_written_marks`]
 /// drops written marks before they are 2^31 behind.
-pub(super) fn control_written_to(written: u64, mark: u32) -> bool {
+pub(in crate::session::core) fn control_written_to(written: u64, mark: u32) -> bool {
     (written as u32).wrapping_sub(mark) < 1 << 31
 }
 
@@ -45,22 +45,22 @@ pub(super) fn control_written_to(written: u64, mark: u32) -> bool {
 /// its wrapping comparison would turn back to unwritten (and a flush of a stream whose close
 /// went out long before would wait for 2^31 more). One pass over the streams per 2^30 control
 /// frames.
-pub(super) const CONTROL_MARK_SWEEP: u32 = 30;
+pub(in crate::session::core) const CONTROL_MARK_SWEEP: u32 = 30;
 
 /// Opens go in the control queue only while it holds fewer entries than this (see
 /// [`Inner::queue_open`]): with a transport that takes nothing, at most this many opens pass
 /// without waiting for room.
-pub(super) const OPENS_IN_CONTROL: usize = 64;
+pub(in crate::session::core) const OPENS_IN_CONTROL: usize = 64;
 
 impl Outgoing {
     /// Whether the control queue is written up to `mark` (a wrapping position).
-    pub(super) fn control_written_to(&self, mark: u32) -> bool {
+    pub(in crate::session::core) fn control_written_to(&self, mark: u32) -> bool {
         control_written_to(self.control_written, mark)
     }
 
     /// As if `n` more control entries had been pushed (and taken): the position after them.
     #[cfg(test)]
-    pub(super) fn pass_control(&mut self, n: u64) -> u64 {
+    pub(in crate::session::core) fn pass_control(&mut self, n: u64) -> u64 {
         self.control_pushed += n;
         self.control_pushed
     }
@@ -68,7 +68,7 @@ impl Outgoing {
 
 impl Inner {
     /// Appends an entry to the control queue; returns the position after it.
-    pub(super) fn queue_control(&mut self, control: Control) -> u64 {
+    pub(in crate::session::core) fn queue_control(&mut self, control: Control) -> u64 {
         if self.out.control.capacity() == 0 {
             // Room for two at first, where the default is four: a session whose control
             // frames are few (its greeting, an open, an acknowledgement) holds half as much
@@ -81,7 +81,7 @@ impl Inner {
     }
 
     /// Queues credit for the stream unless it has some queued already.
-    pub(super) fn queue_credit(&mut self, key: usize) {
+    pub(in crate::session::core) fn queue_credit(&mut self, key: usize) {
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
@@ -97,7 +97,7 @@ impl Inner {
     /// OpenStream that makes the stream known to the peer), otherwise in the control queue, so
     /// that it goes out at once and counts in the control queue's bound
     /// (`tests/model.proptest-regressions`).
-    pub(super) fn queue_close(&mut self, key: usize, kind: Kind) {
+    pub(in crate::session::core) fn queue_close(&mut self, key: usize, kind: Kind) {
         let Some(stream) = self.streams.get(key) else {
             return;
         };
@@ -128,7 +128,12 @@ impl Inner {
     /// control entries wait (a transport that takes nothing), they go in the stream's send
     /// queue, where they take room and so make the next opens wait for it, and where no later
     /// open can overtake them.
-    pub(super) fn queue_open(&mut self, key: usize, header: Header, announce: Option<Header>) {
+    pub(in crate::session::core) fn queue_open(
+        &mut self,
+        key: usize,
+        header: Header,
+        announce: Option<Header>,
+    ) {
         let entries = 1 + usize::from(announce.is_some());
         let data_idle = self.out.queues.queued == 0 && self.out.data_written >= self.out.data_end;
         if data_idle && self.out.control.len() + entries <= OPENS_IN_CONTROL {
@@ -161,7 +166,7 @@ impl Inner {
 
     /// Entries in the control queue.
     #[cfg(test)]
-    pub(super) fn control_len(&self) -> usize {
+    pub(in crate::session::core) fn control_len(&self) -> usize {
         self.out.control.len()
     }
 
@@ -256,7 +261,7 @@ impl Inner {
 
     /// Streams whose last frame in the control queue is written forget its mark (see
     /// [`CONTROL_MARK_SWEEP`]).
-    pub(super) fn forget_written_marks(&mut self) {
+    pub(in crate::session::core) fn forget_written_marks(&mut self) {
         let written = self.out.control_written;
         for stream in self.streams.iter_mut() {
             if stream.queued.has(Queued::IN_CONTROL)

@@ -18,12 +18,19 @@
 //!   stream's bytes are written once its send queue is gone (emptied, and its last take
 //!   written).
 
+pub(super) mod batch;
+pub(super) mod control;
+mod direct_admit;
+mod room;
+
 use std::collections::VecDeque;
 use std::task::Waker;
 
-pub(super) use super::control::Control;
-use super::direct_admit::DirectRest;
-use super::room::Waits;
+pub(crate) use self::batch::Batch;
+pub(super) use self::control::Control;
+pub(crate) use self::direct_admit::Admitted;
+use self::direct_admit::DirectRest;
+use self::room::Waits;
 use super::send_queue::SendQueues;
 use super::stream_state::{Queued, NO_QUEUE};
 use super::Inner;

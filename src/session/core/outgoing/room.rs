@@ -16,14 +16,14 @@
 use std::collections::VecDeque;
 use std::task::Waker;
 
-use super::outgoing::Outgoing;
-use super::slab::Slab;
-use super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
-use super::Inner;
+use super::super::slab::Slab;
+use super::super::stream_state::{register, Queued, RoomGrant, WriteWait, NO_QUEUE};
+use super::super::Inner;
+use super::Outgoing;
 use crate::frame::HEADER_LEN;
 
 /// A task waiting for room in the send queues.
-pub(super) enum RoomWaiter {
+pub(in crate::session::core) enum RoomWaiter {
     /// A stream's writer, for `want` bytes.
     Stream { key: usize, id: u32, want: usize },
     /// An `open`, by its slot in `Waits::openers`.
@@ -31,7 +31,7 @@ pub(super) enum RoomWaiter {
 }
 
 /// An `open` future waiting for room.
-pub(super) struct Opener {
+pub(in crate::session::core) struct Opener {
     waker: Option<Waker>,
     queued: bool,
     /// Room reserved for it by [`Inner::wake_room`], in that grant epoch.
@@ -42,21 +42,21 @@ pub(super) struct Opener {
 /// streams for their closes to be written. Boxed apart, made by the first wait and dropped when
 /// the session goes quiet with nobody waiting, so that an idle session does not carry it.
 #[derive(Default)]
-pub(super) struct Waits {
-    pub(super) room: VecDeque<RoomWaiter>,
-    pub(super) openers: Slab<Opener>,
+pub(in crate::session::core) struct Waits {
+    pub(in crate::session::core) room: VecDeque<RoomWaiter>,
+    pub(in crate::session::core) openers: Slab<Opener>,
     /// Tasks waiting for a close of their stream in the control queue to be written: its
     /// position (wrapping), the stream. Positions only grow, so the oldest is first.
-    pub(super) flush_control: VecDeque<(u32, usize, u32)>,
+    pub(in crate::session::core) flush_control: VecDeque<(u32, usize, u32)>,
 }
 
 impl Outgoing {
     /// Whether writers or openers wait for room.
-    pub(super) fn room_waiting(&self) -> bool {
+    pub(in crate::session::core) fn room_waiting(&self) -> bool {
         self.waits.as_ref().is_some_and(|w| !w.room.is_empty())
     }
 
-    pub(super) fn waits(&mut self) -> &mut Waits {
+    pub(in crate::session::core) fn waits(&mut self) -> &mut Waits {
         self.waits.get_or_insert_with(Box::default)
     }
 }
@@ -65,7 +65,7 @@ impl Inner {
     /// Whether writers and openers without a grant may queue more: the data queue and the
     /// room reserved for woken waiters are below the queue's size, and nobody waits for room
     /// (who did not wait does not go ahead of those who do).
-    pub(super) fn data_has_room(&self) -> bool {
+    pub(in crate::session::core) fn data_has_room(&self) -> bool {
         self.room_free() && !self.out.room_waiting()
     }
 
@@ -78,13 +78,13 @@ impl Inner {
     /// data queue is empty): the driver has to let them in, voiding those grants first, or a
     /// writer let in that wrote less than its share would keep the rest reserved, and an
     /// `open` behind it would wait for good (`tests/model.proptest-regressions`).
-    pub(super) fn room_to_hand_out(&self) -> bool {
+    pub(in crate::session::core) fn room_to_hand_out(&self) -> bool {
         self.out.room_waiting() && (self.room_free() || self.out.queues.queued == 0)
     }
 
     /// The stream queued a frame of `size` bytes: what it holds of a grant of room is used up
     /// by as much, and released from the reservation.
-    pub(super) fn use_room_grant(&mut self, key: usize, size: usize) {
+    pub(in crate::session::core) fn use_room_grant(&mut self, key: usize, size: usize) {
         let epoch = self.out.grant_epoch;
         let Some(stream) = self.streams.get_mut(key) else {
             return;
@@ -97,14 +97,14 @@ impl Inner {
 
     /// The room kept for the stream's writer, if it was let in: it may queue that much even
     /// when the queue looks full.
-    pub(super) fn room_granted(&self, key: usize) -> usize {
+    pub(in crate::session::core) fn room_granted(&self, key: usize) -> usize {
         self.streams
             .get(key)
             .map_or(0, |s| s.room_grant.bytes(self.out.grant_epoch) as usize)
     }
 
     /// Takes the opener's grant of room (one OpenStream's worth), if it holds a live one.
-    pub(super) fn take_opener_grant(&mut self, slot: Option<usize>) -> bool {
+    pub(in crate::session::core) fn take_opener_grant(&mut self, slot: Option<usize>) -> bool {
         let epoch = self.out.grant_epoch;
         let waits = self.out.waits.as_deref_mut();
         let Some(opener) = slot.and_then(|key| waits?.openers.get_mut(key)) else {
@@ -190,7 +190,12 @@ impl Inner {
     }
 
     /// The stream's writer waits for room for `want` bytes.
-    pub(super) fn wait_for_room(&mut self, key: usize, waker: &Waker, want: usize) {
+    pub(in crate::session::core) fn wait_for_room(
+        &mut self,
+        key: usize,
+        waker: &Waker,
+        want: usize,
+    ) {
         let Some(stream) = self.streams.get_mut(key) else {
             return;
         };
@@ -205,7 +210,11 @@ impl Inner {
     }
 
     /// An `open` future waits for room, holding `slot` in the openers until it is dropped.
-    pub(super) fn opener_waits(&mut self, slot: &mut Option<usize>, waker: &Waker) {
+    pub(in crate::session::core) fn opener_waits(
+        &mut self,
+        slot: &mut Option<usize>,
+        waker: &Waker,
+    ) {
         let waits = self.out.waits();
         let key = match slot.filter(|&key| waits.openers.get(key).is_some()) {
             Some(key) => key,
@@ -257,7 +266,7 @@ impl Inner {
     }
 
     /// Whether everything the stream queued, closes included, is written (or it is gone).
-    pub(super) fn is_written(&self, key: usize) -> bool {
+    pub(in crate::session::core) fn is_written(&self, key: usize) -> bool {
         self.streams.get(key).is_none_or(|s| {
             s.send_queue == NO_QUEUE
                 && (!s.queued.has(Queued::IN_CONTROL)
@@ -266,7 +275,7 @@ impl Inner {
     }
 
     /// The stream waits until its bytes are written: ready when they are.
-    pub(super) fn wait_written(&mut self, key: usize, waker: &Waker) -> bool {
+    pub(in crate::session::core) fn wait_written(&mut self, key: usize, waker: &Waker) -> bool {
         if self.is_written(key) {
             return true;
         }
@@ -304,7 +313,7 @@ impl Inner {
 
     /// Wakes and forgets every waiter of the outgoing side (the session ended, or the transport
     /// refused a write): each sees why when it runs.
-    pub(super) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
+    pub(in crate::session::core) fn wake_all_outgoing(&mut self, wakers: &mut Vec<Waker>) {
         for stream in self.streams.iter_mut() {
             stream.queued.set(Queued::ROOM, false);
             stream.queued.set(Queued::FLUSH, false);
@@ -318,7 +327,7 @@ impl Inner {
     }
 
     /// Every `open` waiting for room, to see a change that fails it.
-    pub(super) fn wake_openers(&mut self, wakers: &mut Vec<Waker>) {
+    pub(in crate::session::core) fn wake_openers(&mut self, wakers: &mut Vec<Waker>) {
         let Some(waits) = self.out.waits.as_deref_mut() else {
             return;
         };
@@ -331,7 +340,7 @@ impl Inner {
     /// Entries in the wait queues, for tests: writers and openers waiting for room, and
     /// streams waiting for their bytes to be written.
     #[cfg(test)]
-    pub(super) fn waiting_entries(&self) -> (usize, usize) {
+    pub(in crate::session::core) fn waiting_entries(&self) -> (usize, usize) {
         let flushing = self
             .streams
             .iter()
