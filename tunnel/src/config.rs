@@ -20,9 +20,9 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 /// none, unless `--exit-wait` says otherwise; then it is turned away.
 pub const DEFAULT_EXIT_WAIT: Duration = Duration::from_secs(3);
 
-/// Size of each of the two copy buffers of a forwarded connection, at each end. Half of the
-/// largest gomux frame: big enough that bulk transfers go in large frames, small enough that a
-/// thousand idle connections hold 64 MiB of buffers per end rather than twice that.
+/// Size of the buffer a forwarded connection borrows for each read, at each end (from a shared
+/// pool, and only while the bytes it read are being written: an idle connection holds none).
+/// Half of the largest gomux frame: big enough that bulk transfers go in large frames.
 pub const COPY_BUFFER: usize = 32 * 1024;
 
 /// How long the exit waits for the target to accept a connection (in SOCKS5 mode, name

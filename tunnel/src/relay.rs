@@ -1,6 +1,8 @@
 //! Relaying bytes between a TCP connection and a gomux stream (or, in the plain relay,
 //! another TCP connection), and the TCP plumbing both ends share.
 
+mod copy;
+
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -16,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info_span, warn, Instrument};
 
-use crate::config::{ACCEPT_RETRY, COPY_BUFFER, DELIVERY_GRACE, TARGET_CONNECT_TIMEOUT};
+use crate::config::{ACCEPT_RETRY, DELIVERY_GRACE, TARGET_CONNECT_TIMEOUT};
 use crate::drain::{tracked, SessionEnd, Shutdown, ShutdownReport, Work};
 
 /// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
@@ -103,13 +105,16 @@ where
 /// Half-closes travel through: when one side reads end-of-file, the other side's write half is
 /// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
 /// flowing until it ends too. Any error ends both.
+///
+/// A relay holds no buffer while nothing moves: each read borrows one from a shared pool and
+/// gives it back once its bytes are written (see `copy`), so an idle client costs the tunnel
+/// its sockets and the stream's state, not buffers.
 async fn bridge<A, B>(mut tcp: A, mut stream: B, stop: impl Future<Output = ()>)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let relay =
-        tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, COPY_BUFFER, COPY_BUFFER);
+    let relay = copy::copy_both_ways(&mut tcp, &mut stream);
     tokio::select! {
         result = relay => match result {
             Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
