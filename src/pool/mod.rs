@@ -389,7 +389,8 @@ impl Pool {
     /// drop(stream); // done with it
     /// pool.graceful_close(Duration::from_secs(5)).await?;
     /// assert!(pool.is_closed());
-    /// assert!(matches!(pool.open().await, Err(gomux::Error::ClosedLocally)));
+    /// let error = pool.open().await.unwrap_err(); // nothing opened: safe to retry elsewhere
+    /// assert!(matches!(error, gomux::Error::SessionUnavailable(_)) && error.is_retry_safe());
     /// # Ok(())
     /// # }
     /// ```

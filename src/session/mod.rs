@@ -474,8 +474,9 @@ impl Session {
 
     /// Closes the session gracefully, letting the streams already open finish: from now on the
     /// peer's new streams are refused (CloseStream, as when the accept backlog is full), streams
-    /// it opened that were not accepted yet are refused too, `open` and `accept` fail with
-    /// [`Error::ClosedLocally`] (and [`incoming`](Session::incoming) ends), while open streams
+    /// it opened that were not accepted yet are refused too, `accept` fails with
+    /// [`Error::ClosedLocally`] and `open` with [`Error::SessionUnavailable`] (and
+    /// [`incoming`](Session::incoming) ends), while open streams
     /// go on reading and writing. Once none of them has anything left to do and everything
     /// queued is written, the session closes as [`close`](Session::close) does. A stream is
     /// done once this side closed it ([`Stream::close`], or dropping it), or both of its
