@@ -126,16 +126,6 @@ impl Peer {
         }
     }
 
-    /// Whether answers to streams of ours are waited for at all (see [`Unanswered`]): towards a
-    /// greeted peer, or one not heard from yet within [`GREETING_WAIT`] of `started`.
-    pub(super) fn waits_for_answers(&self, started: Instant) -> bool {
-        match self.kind {
-            PeerKind::Greeted { .. } => true,
-            PeerKind::Plain => false,
-            PeerKind::Unknown => Instant::now() < greeting_deadline(started),
-        }
-    }
-
     /// Whether the open holding `slot` is next in line: nobody waits, or it is the oldest.
     pub(super) fn first_in_line(&mut self, slot: Option<usize>) -> bool {
         self.prune();
@@ -258,7 +248,12 @@ impl Unanswered {
         found
     }
 
-    /// Takes every record (the peer is plain, or ended the session).
+    /// Forgets every record (the peer is plain); returns how many there were.
+    pub(super) fn clear(&mut self) -> usize {
+        self.0.take().map_or(0, |ids| ids.len())
+    }
+
+    /// Takes every record (the peer ended the session).
     pub(super) fn take_all(&mut self) -> Vec<u32> {
         self.0
             .take()

@@ -53,7 +53,7 @@ impl Inner {
             if self.peer.kind == PeerKind::Plain {
                 // A plain peer answers nothing: the streams forgotten while it was unknown
                 // leave the backlog.
-                let forgotten = self.peer.unanswered.take_all().len();
+                let forgotten = self.peer.unanswered.clear();
                 self.peer.unacked = self.peer.unacked.saturating_sub(forgotten);
             }
             // Opens held for the greeting may go (towards a plain peer, all of them).

@@ -312,7 +312,11 @@ impl Inner {
             // CloseStream below, or the one queued already, makes sure the peer does), unless
             // no answer is waited for. Then it leaves the backlog (the caller wakes the next
             // open).
-            if !ended && self.peer.waits_for_answers(self.clock) {
+            if !ended
+                && self
+                    .peer
+                    .holds_opens(tokio::time::Instant::now(), self.clock)
+            {
                 self.peer.unanswered.insert(id);
             } else {
                 self.peer.unacked -= 1;
