@@ -121,15 +121,20 @@ impl Inner {
             .rare
             .as_mut()
             .and_then(|rare| rare.write_waits.take(key));
+        let Some(stream) = self.streams.get(key) else {
+            return Poll::Ready(Err(Error::WriteClosed));
+        };
+        let error = stream
+            .write_error()
+            .or_else(|| self.life.unusable().cloned());
+        if let Some(error) = error {
+            // A writer let in that fails now never uses its grant.
+            self.release_room_grant(key);
+            return Poll::Ready(Err(error));
+        }
         let Some(stream) = self.streams.get_mut(key) else {
             return Poll::Ready(Err(Error::WriteClosed));
         };
-        if let Some(error) = stream.write_error() {
-            return Poll::Ready(Err(error));
-        }
-        if let Some(error) = self.life.unusable() {
-            return Poll::Ready(Err(error.clone()));
-        }
         if len == 0 {
             return Poll::Ready(Ok((stream.id, 0)));
         }
@@ -301,6 +306,7 @@ impl Inner {
 
     /// Closes the stream for good and forgets it.
     fn remove_stream(&mut self, key: usize) {
+        self.release_room_grant(key);
         let ended = self.life.ended();
         let Some(stream) = self.streams.get_mut(key) else {
             return;

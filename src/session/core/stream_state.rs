@@ -298,6 +298,11 @@ impl RoomGrant {
         RoomGrant(u32::from(epoch) << 24 | bytes)
     }
 
+    /// Whether room was kept and is void now: granted in an epoch before `epoch`, not used up.
+    pub(super) fn voided(self, epoch: u8) -> bool {
+        self.0 & Self::BYTES != 0 && self.0 >> 24 != u32::from(epoch)
+    }
+
     /// The room still kept, if the grant is of `epoch`.
     pub(super) fn bytes(self, epoch: u8) -> u32 {
         if self.0 >> 24 == u32::from(epoch) {

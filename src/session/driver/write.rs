@@ -27,12 +27,14 @@ use crate::session::out_queue::{Cursor, OutQueue, MAX_SLICES};
 pub(super) const QUEUE_KEEP: usize = 64 * 1024;
 pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 
-/// How many times in a row the driver finds the queues empty while room it handed out stands
-/// unclaimed before it takes that room back and hands it on (the writers woken for it may have
-/// been cancelled). Not at once: a woken task may run only after the driver has run a few times
-/// more (`block_on`'s future runs after a round of spawned tasks), and a writer whose grant was
-/// taken back goes to the back of the line. With two busy writers beside it, one lost every
-/// grant so, and starved (the model test, `tests/model.proptest-regressions`).
+/// How many times in a row the driver finds the queues empty, with no data taken in between,
+/// while room it handed out stands unclaimed before it takes that room back and hands it on
+/// (the writers woken for it may have been cancelled). Not at once: a woken task may run only
+/// after the driver has run a few times more (`block_on`'s future runs after a round of spawned
+/// tasks), and a writer whose grant was taken back waits for room again, at the front of the
+/// line. Control frames alone
+/// (credit for inbound data) do not restart the count, or a cancelled writer's grant would
+/// hold its room for as long as the peer sends.
 pub(super) const GRANT_PATIENCE: u8 = 16;
 
 /// A batch holds at least this much data (when there is that much), and at first at most
@@ -286,8 +288,13 @@ where
                     wakers.list(),
                 );
                 self.control_waiting = false;
-                // Taking a batch hands out the room it frees: its grants get their time.
-                self.grants_unclaimed = 0;
+                // Taking data hands out the room it frees: those grants get their time. A batch
+                // of control frames alone frees no room, and leaves the count running: with
+                // credit going out for inbound traffic all the time, a grant whose writer was
+                // cancelled would otherwise be kept for as long as that traffic lasts.
+                if !write.write_buf.is_empty() {
+                    self.grants_unclaimed = 0;
+                }
                 drop(inner);
                 wakers.wake();
                 continue;

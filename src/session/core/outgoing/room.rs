@@ -5,7 +5,9 @@
 //!   are let in oldest first, each writer with an equal share of the room freed
 //!   ([`Inner::wake_room`]), and the room promised to them stays reserved until they use it:
 //!   a writer that never waited cannot take it from them (`tests/core_findings_a.rs`,
-//!   `*_gets_its_turn`).
+//!   `*_gets_its_turn`). A writer whose stream can no longer be written gets no room, and gives
+//!   back what it holds ([`Inner::release_room_grant`]); one whose grant the driver voided
+//!   before its task ran goes back to the front of the line when it returns.
 //! - Every waiting future holds at most one entry in a wait queue, and a re-poll replaces its
 //!   waker instead of adding one (`tests/core_findings_a.rs`, `*_do_not_pile_up_its_waker`,
 //!   `*_leave_no_registrations_behind`); entries of futures gone are dropped once they could be
@@ -95,6 +97,22 @@ impl Inner {
         self.out.reserved = self.out.reserved.saturating_sub(used);
     }
 
+    /// The stream's writer can use no room any more (its write failed, or the stream is going
+    /// away): it leaves the line for room, and what it holds of a grant goes back at once, not
+    /// after the driver's patience with unclaimed grants, which a session busy with other
+    /// output may never run out of.
+    pub(in crate::session::core) fn release_room_grant(&mut self, key: usize) {
+        let epoch = self.out.grant_epoch;
+        let Some(stream) = self.streams.get_mut(key) else {
+            return;
+        };
+        // Its entry in the line is skipped when reached.
+        stream.queued.set(Queued::ROOM, false);
+        let kept = stream.room_grant.bytes(epoch) as usize;
+        stream.room_grant = RoomGrant::default();
+        self.out.reserved = self.out.reserved.saturating_sub(kept);
+    }
+
     /// The room kept for the stream's writer, if it was let in: it may queue that much even
     /// when the queue looks full.
     pub(in crate::session::core) fn room_granted(&self, key: usize) -> usize {
@@ -160,6 +178,11 @@ impl Inner {
                         continue;
                     }
                     stream.queued.set(Queued::ROOM, false);
+                    if stream.write_error().is_some() {
+                        // Its writer's next poll fails: it is woken for that, and gets no room.
+                        stream.wake_writer(WriteWait::Room, wakers);
+                        continue;
+                    }
                     // A share is at most `write_buffer_size`, and a frame at most 8 + 2^24 - 1.
                     let grant = share.max(want).min(room.max(want));
                     stream.room_grant = RoomGrant::new(grant, epoch);
@@ -202,9 +225,18 @@ impl Inner {
         stream.wait_to_write(WriteWait::Room, waker);
         if !stream.queued.has(Queued::ROOM) {
             stream.queued.set(Queued::ROOM, true);
+            // A writer let in whose grant the driver voided before it ran (its task came late,
+            // not cancelled, since it is back) keeps its place: the front of the line.
+            let voided = stream.room_grant.voided(self.out.grant_epoch);
+            stream.room_grant = RoomGrant::default();
             let id = stream.id;
             let waiter = RoomWaiter::Stream { key, id, want };
-            self.out.waits().room.push_back(waiter);
+            let room = &mut self.out.waits().room;
+            if voided {
+                room.push_front(waiter);
+            } else {
+                room.push_back(waiter);
+            }
             self.prune_room();
         }
     }

@@ -659,3 +659,93 @@ fn a_long_lived_queue_hands_its_buffer_over_batch_after_batch() {
         .written(data_end, control_end, 0, &mut Vec::new());
     assert!(core.inner.poll_written(key, Waker::noop()).is_ready());
 }
+
+/// A writer waiting for room whose stream can no longer be written (the peer stopped reading
+/// it) is let in with no room when the queue empties, and one let in whose write then fails
+/// gives its room back: either way the room goes to writers that will use it, at once.
+#[test]
+fn a_writer_that_can_no_longer_write_holds_no_room() {
+    for granted_first in [false, true] {
+        let mut core = super::Core::new(
+            crate::config::Role::Client,
+            crate::config::Config::default().write_buffer_size(4096),
+        );
+        let streams: Vec<_> = (0..3).map(|_| core.open()).collect();
+        for &(_, id) in &streams {
+            core.frame(crate::frame::Frame::window_update(id, 1 << 20))
+                .expect("credit");
+        }
+        core.sent();
+        let [a, c, d] = [0, 1, 2].map(|i| streams[i].0);
+        let a_id = streams[0].1;
+        let data = vec![5u8; 4096];
+        // D fills the queue; A waits for room for a whole frame.
+        assert!(core.inner.poll_write(d, Waker::noop(), &data).is_ready());
+        assert!(core.inner.poll_write(a, Waker::noop(), &data).is_pending());
+        let stop = crate::frame::Frame::control(a_id, crate::frame::Kind::CloseWrite);
+        if granted_first {
+            core.take_all(1 << 20);
+            assert_eq!(core.inner.room_granted(a), 4096 + 8, "a is let in");
+            core.frame(stop).expect("the peer stops reading a");
+            assert!(matches!(
+                core.inner.poll_write(a, Waker::noop(), &data),
+                Poll::Ready(Err(crate::error::Error::PeerReadClosed))
+            ));
+        } else {
+            core.frame(stop).expect("the peer stops reading a");
+            core.take_all(1 << 20);
+        }
+        assert_eq!(
+            core.inner.room_granted(a),
+            0,
+            "granted first: {granted_first}"
+        );
+        assert!(
+            matches!(
+                core.inner.poll_write(c, Waker::noop(), &data[..100]),
+                Poll::Ready(Ok(100))
+            ),
+            "c found the room kept for a writer that cannot write (granted first: \
+             {granted_first})"
+        );
+    }
+}
+
+/// A writer let in whose grant the driver voided before its task ran keeps its place: when it
+/// comes back for room, it goes ahead of a writer that started to wait after it was let in.
+#[test]
+fn a_writer_whose_grant_was_voided_keeps_its_place_in_line() {
+    let mut core = super::Core::new(
+        crate::config::Role::Client,
+        crate::config::Config::default().write_buffer_size(4096),
+    );
+    let streams: Vec<_> = (0..4).map(|_| core.open()).collect();
+    for &(_, id) in &streams {
+        core.frame(crate::frame::Frame::window_update(id, 1 << 20))
+            .expect("credit");
+    }
+    core.sent();
+    let [a, b, c, d] = [0, 1, 2, 3].map(|i| streams[i].0);
+    let data = vec![5u8; 4096];
+    // D fills the queue; A, then B wait for room for a whole frame each.
+    assert!(core.inner.poll_write(d, Waker::noop(), &data).is_ready());
+    assert!(core.inner.poll_write(a, Waker::noop(), &data).is_pending());
+    assert!(core.inner.poll_write(b, Waker::noop(), &data).is_pending());
+    core.take_all(1 << 20);
+    assert!(core.inner.room_granted(a) > 0, "a is let in");
+    // A's task is slow to run: the driver voids its grant and lets B in instead.
+    let mut wakers = Vec::new();
+    core.inner.void_room_grants();
+    core.inner.wake_room(&mut wakers);
+    assert!(core.inner.room_granted(b) > 0, "b is let in");
+    // C starts to wait; then A's task runs and finds its grant gone; then B writes.
+    assert!(core.inner.poll_write(c, Waker::noop(), &data).is_pending());
+    assert!(core.inner.poll_write(a, Waker::noop(), &data).is_pending());
+    assert!(core.inner.poll_write(b, Waker::noop(), &data).is_ready());
+    core.take_all(1 << 20);
+    assert!(
+        core.inner.room_granted(a) > 0,
+        "a, let in before, goes first"
+    );
+    assert_eq!(core.inner.room_granted(c), 0, "c waits behind a");
+}
