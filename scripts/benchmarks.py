@@ -348,8 +348,33 @@ def shares_section(run):
                 lambda line: "failed" in line or "priority-10" in line)
 
 
+# Sections measured in sittings of their own (scripts/rathole-compare.sh, hand-run
+# comparisons) sit between these markers in BENCHMARKS.md: a new run keeps them as they are,
+# since it does not measure them.
+KEPT_START = "<!-- kept: measured apart from this script's run -->"
+KEPT_END = "<!-- end of kept -->"
+
+
+def kept_sections(path):
+    """The kept sections of the document at `path` (if there is one), markers included."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    blocks, at = [], 0
+    while (start := text.find(KEPT_START, at)) >= 0:
+        end = text.find(KEPT_END, start)
+        if end < 0:
+            break
+        blocks.append(text[start:end + len(KEPT_END)])
+        at = end + len(KEPT_END)
+    return blocks
+
+
 def main():
     work, notes = sys.argv[1], sys.argv[2]
+    previous = sys.argv[3] if len(sys.argv) > 3 else None
     run = Run(work)
     meta = run.meta
     counts = run.streams
@@ -409,7 +434,9 @@ def main():
         "the range in brackets. Throughput is in MiB/s (2^20 bytes per second).",
         "",
         "Earlier measurements, each with the command and the date it was made, are kept in",
-        "[BENCHMARK-HISTORY.md](BENCHMARK-HISTORY.md).",
+        "[BENCHMARK-HISTORY.md](BENCHMARK-HISTORY.md). Sections measured in a sitting of their own",
+        "(each says so, with its command and machine) are carried over from the previous version of",
+        "this file by the run that writes it, which does not measure them.",
         "",
         "## The run",
         "",
@@ -830,6 +857,8 @@ def main():
                 next((", ".join(f"`{w}`" for w in o.split()) for r_, c, o in orders if c == command and int(r_) == r), "–")
                 for r in range(1, run.rounds + 1)
             ])
+    for block in kept_sections(previous) if previous else []:
+        out(block, "")
     out(
         "## Every round",
         "",

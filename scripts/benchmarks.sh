@@ -654,6 +654,6 @@ fi
 meta finished "$(date -u '+%H:%M:%S')"
 meta load-end "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 scripts/benchmarks.py "$work" "$notes" >"$output.tmp"
+python3 scripts/benchmarks.py "$work" "$notes" "$output" >"$output.tmp"
 mv "$output.tmp" "$output"
 echo "benchmarks: wrote $output" >&2
