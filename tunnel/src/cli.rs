@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tracing::info;
 
 use crate::logging::{say, warn_at_start, LogFormat};
@@ -15,16 +16,24 @@ use crate::config::{
     MAX_CONNECTIONS,
 };
 use crate::connect::{Meeting, Peer};
+use crate::drain::AbortOnDrop;
 use crate::drain::{Shutdown, ShutdownReport};
-use crate::entry::{run_entry, EntryOptions};
-use crate::exit::{run_exit, Destination, ExitOptions, SocksOptions};
+use crate::entry::named::Named;
+use crate::entry::{run_entry, run_entry_with, Clients, EntryOptions};
+use crate::exit::{run_exit, run_named_exit, Destination, ExitOptions, SocksOptions};
+use crate::metrics::serve_metrics;
 use crate::relay::run_relay;
 use crate::security::{Fingerprint, Identity, Security};
+use crate::services::Reloader;
+use crate::settings::{EntryService, ExitService};
 
 /// What `--help` prints.
 pub const USAGE: &str = "\
 usage: gomux-tunnel keygen --out DIR
        gomux-tunnel fingerprint --key DIR
+       gomux-tunnel entry --config FILE
+       gomux-tunnel exit --config FILE
+       gomux-tunnel check --config FILE
        gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
                           SECURITY [--exit-wait SECONDS] [--socks] [ALL]
        gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
@@ -83,6 +92,12 @@ SECURITY (entry and exit)
        --max-handshakes N  at most N handshakes in progress (default 64; 8 per address): a
                            newcomer beyond takes the place of the oldest silent one; at a
                            SOCKS exit, N SOCKS5 handshakes per gomux connection
+--config FILE            run the end a TOML file describes: named services (one
+                           [[service]] each), every flag a key (see the README); SIGHUP
+                           reloads the services; a stream names its service in a preface
+                           (config-mode ends talk to config-mode ends only)
+check  --config FILE       check a config file without starting anything (exit status 0
+                           when it is valid)
 relay  --listen ADDR --target ADDR
                            forward each TCP connection on ADDR to its own connection to
                            ADDR, without gomux (a baseline for measurements)
@@ -90,15 +105,18 @@ ALL    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and giv
                            being relayed this long to finish (default 30), then cut them; a
                            second Ctrl-C cuts them at once, a third exits at once
        --log-format FORMAT text (default) or json: one JSON object per line
+       --metrics ADDR      (entry and exit) serve OpenMetrics text on GET /metrics at ADDR,
+                           an IP:PORT on loopback unless --metrics-public is given too
 
 Each listener's bound address is printed on standard output as `listening NAME ADDR`
-(NAME: clients, exits, entries or relay), so that port 0 can be asked for.
+(NAME: clients, exits, entries, relay, metrics, or service.NAME for a config file's
+services), so that port 0 can be asked for.
 RUST_LOG sets the log filter (default: info); logs go to standard error, and a closed
 standard error or output never stops the tunnel.";
 
 /// The command line: which end to run, how it meets the other end, and how long its shutdown
 /// may take.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
     /// What to run.
     pub command: Command,
@@ -117,10 +135,12 @@ pub struct Args {
     pub entry_socks: bool,
     /// The most the exit serves at once (`--max-sessions`, `--max-streams`).
     pub limits: Limits,
+    /// Where to serve the metrics (`--metrics`), checked against `--metrics-public`.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// What the command line asked for.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Make a key pair.
     Keygen {
@@ -154,6 +174,31 @@ pub enum Command {
         /// `--socks-user` and `--socks-password-file`.
         socks_auth: Option<(String, PathBuf)>,
     },
+    /// Run the entry a config file describes.
+    EntryConfig {
+        /// The file, read again on SIGHUP.
+        file: PathBuf,
+        /// How the gomux connection is made.
+        exit: Via,
+        /// Connections to keep to the exit, when the entry dials it.
+        connections: usize,
+        /// Its services.
+        services: Vec<EntryService>,
+    },
+    /// Run the exit a config file describes.
+    ExitConfig {
+        /// The file, read again on SIGHUP.
+        file: PathBuf,
+        /// How the gomux connection is made.
+        entry: Via,
+        /// Its services.
+        services: Vec<ExitService>,
+    },
+    /// Check a config file.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
     /// Run a plain relay.
     Relay {
         /// Where clients connect.
@@ -164,7 +209,7 @@ pub enum Command {
 }
 
 /// How an end makes its gomux connection, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Via {
     /// Dial the other end at this address.
     Dial(String),
@@ -173,7 +218,7 @@ pub enum Via {
 }
 
 /// What the exit connects its streams to, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetArg {
     /// Always this address.
     Fixed(String),
@@ -182,7 +227,7 @@ pub enum TargetArg {
 }
 
 /// How the connection between the ends is secured, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SecurityArg {
     /// `--key DIR --peer-fingerprint HEX`.
     Pinned {
@@ -196,7 +241,7 @@ pub enum SecurityArg {
 }
 
 /// Options that take no value.
-const FLAGS: &[&str] = &["--socks", "--insecure"];
+const FLAGS: &[&str] = &["--socks", "--insecure", "--metrics-public"];
 /// Options that may be given more than once.
 const REPEATABLE: &[&str] = &["--allow", "--priority"];
 /// The options of both ends' security.
@@ -206,6 +251,8 @@ const SECURITY: &[&str] = &[
     "--insecure",
     "--handshake-timeout",
     "--max-handshakes",
+    "--metrics",
+    "--metrics-public",
 ];
 
 /// Parses the arguments after the program name.
@@ -215,8 +262,36 @@ const SECURITY: &[&str] = &[
 /// A sentence saying what is wrong with them.
 pub fn parse_args(args: &[String]) -> Result<Args, String> {
     let Some((mode, options)) = args.split_first() else {
-        return Err("say what to run: entry, exit, relay, keygen or fingerprint".into());
+        return Err("say what to run: entry, exit, check, relay, keygen or fingerprint".into());
     };
+    // A config file stands for every other option.
+    if let [config, file] = options {
+        if config == "--config" && ["entry", "exit", "check"].contains(&mode.as_str()) {
+            if mode == "check" {
+                return Ok(Args {
+                    command: Command::Check { file: file.into() },
+                    ..parse_args(&["relay", "--listen", "-", "--target", "-"].map(String::from))?
+                });
+            }
+            let args = crate::settings::load(Path::new(file))?;
+            let config_mode = match args.command {
+                Command::EntryConfig { .. } => "entry",
+                _ => "exit",
+            };
+            if config_mode != mode {
+                return Err(format!("{file} describes an {config_mode}, not an {mode}"));
+            }
+            return Ok(args);
+        }
+    }
+    if options.iter().any(|option| option == "--config") {
+        return Err(match mode.as_str() {
+            "entry" | "exit" | "check" => "--config FILE takes no other option: every flag \
+                                           has a key in the file"
+                .into(),
+            _ => format!("--config is for entry, exit and check, not {mode}"),
+        });
+    }
     let known: Vec<&str> = match mode.as_str() {
         "entry" => [
             &[
@@ -255,7 +330,7 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         "fingerprint" => vec!["--key"],
         unknown => {
             return Err(format!(
-                "unknown mode {unknown:?}: entry, exit, relay, keygen or fingerprint"
+                "unknown mode {unknown:?}: entry, exit, check, relay, keygen or fingerprint"
             ))
         }
     };
@@ -340,6 +415,23 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         Some(value) => value.parse()?,
     };
     let entry_socks = mode == "entry" && take("--socks").is_some();
+    let metrics_public = take("--metrics-public").is_some();
+    let metrics = match take("--metrics") {
+        None if metrics_public => return Err("--metrics-public goes with --metrics ADDR".into()),
+        None => None,
+        Some(addr) => {
+            let addr: SocketAddr = addr
+                .parse()
+                .map_err(|_| format!("--metrics needs an IP:PORT, not {addr:?}"))?;
+            if !addr.ip().is_loopback() && !metrics_public {
+                return Err(format!(
+                    "--metrics {addr} is not a loopback address: the figures (services, \
+                     traffic) would be open to the network; add --metrics-public to mean it"
+                ));
+            }
+            Some(addr)
+        }
+    };
     let ends = ["entry", "exit"].contains(&mode.as_str());
     let security = match if ends {
         (
@@ -472,6 +564,7 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         exit_wait,
         entry_socks,
         limits,
+        metrics,
     })
 }
 
@@ -491,7 +584,20 @@ pub enum Ran {
 ///
 /// When an address cannot be bound or resolved, a key cannot be read or written, or a fixed
 /// target lies outside the allow-list.
-pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError>> {
+pub async fn run(
+    args: Args,
+    shutdown: Shutdown,
+    reloads: mpsc::Receiver<()>,
+) -> Result<Ran, Box<dyn StdError>> {
+    let reloader = Reloader::new(&args, reloads);
+    let _metrics = match args.metrics {
+        None => None,
+        Some(addr) => {
+            let listener = bind(&addr.to_string(), "metrics").await?;
+            info!(listen = %listener.local_addr()?, "serving metrics on GET /metrics");
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(listener))))
+        }
+    };
     let Args {
         command,
         security,
@@ -620,6 +726,65 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             };
             run_exit(entry, destination, options, meeting, shutdown).await
         }
+        Command::Check { file } => {
+            let args = crate::settings::load(&file)?;
+            let (end, services) = match &args.command {
+                Command::EntryConfig { services, .. } => ("entry", services.len()),
+                Command::ExitConfig { services, .. } => ("exit", services.len()),
+                _ => unreachable!("a config file describes an end"),
+            };
+            say(format_args!(
+                "{}: valid ({end}, {services} services)",
+                file.display()
+            ));
+            return Ok(Ran::Done);
+        }
+        Command::EntryConfig {
+            exit,
+            connections,
+            services,
+            ..
+        } => {
+            let meeting = security()?;
+            let mut bound = Vec::new();
+            for service in services {
+                let listener = bind(&service.listen, &format!("service.{}", service.name)).await?;
+                info!(service = %service.name, listen = %listener.local_addr()?, "service listening");
+                bound.push((service, listener));
+            }
+            let exit = match exit {
+                Via::Dial(addr) => Peer::Dial(resolve(&addr).await?),
+                Via::Accept(addr) => Peer::Accept(bind(&addr, "exits").await?),
+            };
+            let options = EntryOptions {
+                connections,
+                client_wait: exit_wait,
+                ..EntryOptions::default()
+            };
+            let clients = Clients::Named(Box::new(Named {
+                services: bound,
+                reloader,
+            }));
+            run_entry_with(clients, exit, options, meeting, shutdown).await
+        }
+        Command::ExitConfig {
+            entry, services, ..
+        } => {
+            let meeting = security()?;
+            let options = ExitOptions {
+                limits,
+                socks: SocksOptions {
+                    credentials: None,
+                    handshakes,
+                },
+                ..ExitOptions::default()
+            };
+            let entry = match entry {
+                Via::Accept(addr) => Peer::Accept(bind(&addr, "entries").await?),
+                Via::Dial(addr) => Peer::Dial(resolve(&addr).await?),
+            };
+            run_named_exit(entry, services, options, meeting, shutdown, reloader).await?
+        }
         Command::Relay { listen, target } => {
             let listener = bind(&listen, "relay").await?;
             let target = resolve(&target).await?;
@@ -630,7 +795,7 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
 }
 
 /// Binds `addr`, and prints `listening NAME ADDR` with the address bound.
-async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
+pub(crate) async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -643,7 +808,7 @@ async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
 }
 
 /// Resolves a `host:port` once at start-up; the tunnel then always dials that address.
-async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
     let mut found = tokio::net::lookup_host(addr)
         .await
         .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
@@ -653,7 +818,7 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 }
 
 /// The first line of `file`: a password kept out of the command line, which others can read.
-fn read_password(file: &Path) -> Result<String, String> {
+pub(crate) fn read_password(file: &Path) -> Result<String, String> {
     crate::security::private(file).map_err(|e| e.to_string())?;
     let text = std::fs::read_to_string(file).map_err(|e| {
         format!(
