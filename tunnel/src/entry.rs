@@ -23,12 +23,14 @@ use crate::config::{
     mux_config, DEFAULT_EXIT_WAIT, SILENT_CLIENTS, SILENT_GRACE, SILENT_PER_CLIENT,
 };
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
-use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::drain::{
+    drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Tracked, Work,
+};
 use crate::metrics::{metrics, ServiceMetrics};
 use crate::outage::Outage;
 use crate::preface;
 use crate::refusals::{Refusals, PERIOD};
-use crate::relay::{accept, carry_with};
+use crate::relay::{accept, carry_with, Carried};
 use crate::services::Lane;
 use crate::socks_watch::Watched;
 use crate::turn_away::refuse_socks;
@@ -275,13 +277,13 @@ async fn accept_clients(clients: TcpListener, service: Arc<ClientService>, accep
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
         let client = serve_client(
+            service.lane.track(),
             Silent::new(socket, ticket),
             Arc::clone(&service),
             accepting.exits.clone(),
             accepting.options.client_wait,
             shutdown.clone(),
         );
-        let client = service.lane.carry(client);
         tokio::spawn(tracked(accepting.work.relays.track(), client).instrument(span));
     }
     // Clients that connect from now on are refused.
@@ -525,17 +527,24 @@ async fn carry_clients(
 
 /// Forwards one client connection through a gomux connection to the exit; closes it at
 /// once if it loses its place while it is still silent.
+///
+/// Counted by its service (`counted`) meanwhile, and cut with it when the service, removed,
+/// reaches its drain deadline. (The cut is watched here rather than by a wrapping future,
+/// which would hold this one twice in an unoptimised build.)
 async fn serve_client(
+    counted: Tracked,
     client: Silent<TcpStream>,
     service: Arc<ClientService>,
     exits: Exits,
     wait: Duration,
     shutdown: Shutdown,
 ) {
+    let _counted = counted;
     let evicted = client.evicted.clone();
     let _active = service.metrics.accepted();
     tokio::select! {
         biased;
+        () = service.lane.cut.cancelled() => {}
         // Logged by the accept loop; nothing was sent either way, so nothing is lost.
         () = evicted.cancelled() => service.metrics.refused("too_many_silent"),
         () = forward_client(client, &service, exits, wait, shutdown) => {}
@@ -575,7 +584,7 @@ async fn forward_client(
     // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
     // by it at once: `carry` then closes the client too. A SOCKS5 refusal by the exit is
     // logged here, where the client's address is known (see `socks_watch`).
-    let carried = service.metrics.at_entry(service.name.clone());
+    let carried = Carried::at_entry(&service.metrics, service.name.clone());
     carry_with(Watched::new(client), stream, &end, carried).await;
 }
 

@@ -17,7 +17,7 @@ use crate::config::{
 use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
 use crate::metrics::{metrics, ServiceMetrics};
-use crate::relay::{carry_with, connect};
+use crate::relay::{carry_with, connect, Carried};
 use crate::services::{Lane, Reloader};
 use crate::socks::{forward_socks, places, Guesses, SocksServer};
 
@@ -341,24 +341,30 @@ type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Serves one stream of `service`: connects it to the service's target, or to the one its
 /// SOCKS5 request names, and relays until both directions are done. Counted as one of the
-/// service's clients meanwhile.
-async fn serve_service(
+/// service's clients meanwhile. Each kind of service boxes only the future it needs: an idle
+/// stream of a fixed target holds nothing of the SOCKS5 handshake.
+fn serve_service(
     stream: Stream,
     service: Arc<ExitRun>,
     end: SessionEnd,
     places: Arc<Semaphore>,
-) {
-    let _active = service.metrics.accepted();
+) -> Task {
+    let active = service.metrics.accepted();
     match service.destination {
         Destination::Fixed(target) => {
             let allowed = service.allow.allows(target);
             stream.set_priority(service.priorities.of(target));
-            forward(stream, end, target, allowed, &service.metrics).await;
+            let metrics = service.metrics.clone();
+            Box::pin(async move {
+                let _active = active;
+                forward(stream, end, target, allowed, &metrics).await;
+            })
         }
-        Destination::Socks => {
+        Destination::Socks => Box::pin(async move {
+            let _active = active;
             let server = Arc::clone(&service.socks);
             forward_socks(stream, end, server, places, &service.metrics).await;
-        }
+        }),
     }
 }
 
@@ -393,5 +399,5 @@ async fn forward(
         }
     };
     debug!("forwarding");
-    carry_with(socket, stream, &end, service.at_exit()).await;
+    carry_with(socket, stream, &end, Carried::at_exit(service)).await;
 }

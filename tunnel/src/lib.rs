@@ -17,7 +17,7 @@
 //! model) and by `gomux-tunnel --help`. This library is what it is made of, so that the tests
 //! can run both ends in one process on ephemeral ports and shut either down:
 //!
-//! - [`cli`]: the command line, and running what it asks for;
+//! - [`args`]: the command line, and [`cli`]: running what it asks for;
 //! - [`security`]: key pairs, fingerprints, and the pinned TLS verifiers;
 //! - [`config`]: the bounds the tunnel keeps, the allow-list, SOCKS5 credentials;
 //! - [`connect`]: dialling and accepting the connection between the ends, handshake first;
@@ -71,6 +71,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+pub mod args;
 pub mod cli;
 pub mod config;
 pub mod connect;

@@ -23,8 +23,6 @@ use prometheus_client::registry::Registry;
 
 pub use serve::{serve_metrics, CONTENT_TYPE};
 
-use crate::relay::Carried;
-
 /// The label of a figure kept per service.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabel {
@@ -302,24 +300,6 @@ impl ServiceMetrics {
     /// Counts a refusal of a client of this service.
     pub fn refused(&self, reason: &str) {
         metrics().refused(&self.name, reason);
-    }
-
-    /// What a relay of the entry counts: its TCP side is the client.
-    pub fn at_entry(&self, answer_of: Option<String>) -> Carried {
-        Carried {
-            from_tcp: Some(self.to_target.clone()),
-            to_tcp: Some(self.to_client.clone()),
-            answer_of,
-        }
-    }
-
-    /// What a relay of the exit counts: its TCP side is the target.
-    pub fn at_exit(&self) -> Carried {
-        Carried {
-            from_tcp: Some(self.to_client.clone()),
-            to_tcp: Some(self.to_target.clone()),
-            answer_of: None,
-        }
     }
 }
 

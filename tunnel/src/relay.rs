@@ -21,7 +21,9 @@ use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::{ACCEPT_RETRY, DELIVERY_GRACE, TARGET_CONNECT_TIMEOUT};
 use crate::drain::{tracked, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::logging::say;
 use crate::metrics::metrics;
+use crate::metrics::ServiceMetrics;
 use crate::preface;
 
 /// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
@@ -102,6 +104,27 @@ pub struct Carried {
     /// At a config-mode entry: the service the stream's preface named, whose answer the
     /// stream starts with (see `preface`).
     pub answer_of: Option<String>,
+}
+
+impl Carried {
+    /// What a relay of the entry counts for `service`: its TCP side is the client. With
+    /// `answer_of`, the stream starts with the exit's answer to its preface.
+    pub fn at_entry(service: &ServiceMetrics, answer_of: Option<String>) -> Carried {
+        Carried {
+            from_tcp: Some(service.to_target.clone()),
+            to_tcp: Some(service.to_client.clone()),
+            answer_of,
+        }
+    }
+
+    /// What a relay of the exit counts for `service`: its TCP side is the target.
+    pub fn at_exit(service: &ServiceMetrics) -> Carried {
+        Carried {
+            from_tcp: Some(service.to_client.clone()),
+            to_tcp: Some(service.to_target.clone()),
+            answer_of: None,
+        }
+    }
 }
 
 /// As [`carry`], counting the bytes each way, and at a config-mode entry taking the exit's
@@ -360,6 +383,29 @@ fn done_if_session_ended(result: io::Result<()>) -> io::Result<()> {
         Err(error) if Error::from_io(&error).is_some_and(Error::is_session_end) => Ok(()),
         other => other,
     }
+}
+
+/// Binds `addr`, and prints `listening NAME ADDR` with the address bound.
+pub(crate) async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    // Whoever started us may not read it; that is no reason to stop.
+    say(format_args!("listening {name} {bound}"));
+    Ok(listener)
+}
+
+/// Resolves a `host:port` once at start-up; the tunnel then always dials that address.
+pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut found = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
 }
 
 /// Dials `addr` with Nagle's algorithm off, giving up after `limit`.

@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::cli::{Args, Command};
-use crate::drain::{tracked, Shutdown, Tracker, Work};
+use crate::args::{Args, Command};
+use crate::drain::{tracked, Shutdown, Tracked, Tracker, Work};
 use crate::settings;
 
 /// The relays of one service, counted apart, and how its removal stops them.
@@ -33,6 +33,12 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
+    /// Counts one relay of this lane until the guard is dropped (for a relay that watches
+    /// [`Lane::cut`] itself).
+    pub(crate) fn track(&self) -> Tracked {
+        self.relays.track()
+    }
+
     /// Runs `relay`, counted by this lane, until it finishes or the lane is cut. Count it
     /// before the task that runs it is spawned (this does).
     pub(crate) fn carry<F: Future<Output = ()>>(&self, relay: F) -> impl Future<Output = ()> {
@@ -184,9 +190,9 @@ impl<T: PartialEq> Changes<T> {
     pub(crate) fn log(&self, name: impl Fn(&T) -> &str) {
         let names = |list: &[T]| list.iter().map(&name).collect::<Vec<_>>().join(",");
         info!(
-            added = names(&self.added),
-            changed = names(&self.changed),
-            removed = self.removed.join(","),
+            added = %names(&self.added),
+            changed = %names(&self.changed),
+            removed = %self.removed.join(","),
             "config file reloaded"
         );
     }

@@ -22,8 +22,8 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::cli::{parse_args, Args, Command, TargetArg};
-use crate::config::{AllowList, Credentials, Priorities};
+use crate::args::{parse_flags, read_password, Args, Command, EntryService, ExitService};
+use crate::config::Credentials;
 use crate::preface::valid_name;
 
 /// The keys of a config file, both ends' together.
@@ -70,32 +70,6 @@ struct ServiceKeys {
     priority_rules: Option<Vec<String>>,
     socks_user: Option<String>,
     socks_password_file: Option<String>,
-}
-
-/// A service of a config-mode entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryService {
-    /// Its name, which its streams' prefaces carry.
-    pub name: String,
-    /// Where its clients connect.
-    pub listen: String,
-    /// Whether its clients speak SOCKS5 (one turned away gets a SOCKS5 failure reply).
-    pub socks: bool,
-}
-
-/// A service of a config-mode exit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExitService {
-    /// Its name, as the entry's prefaces carry it.
-    pub name: String,
-    /// Where its streams go.
-    pub target: TargetArg,
-    /// The targets it may reach.
-    pub allow: AllowList,
-    /// The send priority of its streams.
-    pub priorities: Priorities,
-    /// The SOCKS5 user name and password its clients must give.
-    pub credentials: Option<Credentials>,
 }
 
 /// Reads and checks the config file `file`: the command line it stands for, whose command is
@@ -146,7 +120,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Args, String> {
         }
         .map(String::from),
     );
-    let mut parsed = parse_args(&args).map_err(|problem| format!("{shown}: {problem}"))?;
+    let mut parsed = parse_flags(&args).map_err(|problem| format!("{shown}: {problem}"))?;
     let mut names: Vec<&str> = Vec::new();
     let mut entry_services = Vec::new();
     let mut exit_services = Vec::new();
@@ -282,7 +256,7 @@ fn exit_service(service: &ServiceKeys) -> Result<ExitService, String> {
     if let Some(file) = &service.socks_password_file {
         args.extend(["--socks-password-file".to_owned(), file.clone()]);
     }
-    let parsed = parse_args(&args)?;
+    let parsed = parse_flags(&args)?;
     let Command::Exit {
         target,
         allow,
@@ -298,7 +272,7 @@ fn exit_service(service: &ServiceKeys) -> Result<ExitService, String> {
         None => None,
         Some((username, file)) => Some(Credentials {
             username,
-            password: crate::cli::read_password(&file)?,
+            password: read_password(&file)?,
         }),
     };
     Ok(ExitService {

@@ -25,7 +25,7 @@ use crate::config::{
 use crate::drain::SessionEnd;
 use crate::logging::Escaped;
 use crate::metrics::ServiceMetrics;
-use crate::relay::carry_with;
+use crate::relay::{carry_with, Carried};
 
 /// The longest SOCKS5 reply: 4 bytes of header, an IPv6 address and a port.
 const SOCKS_REPLY_MAX: usize = 4 + 16 + 2;
@@ -227,7 +227,7 @@ pub(crate) async fn forward_socks(
     if !sent_on.is_empty() && socket.write_all(&sent_on).await.is_err() {
         return;
     }
-    carry_with(socket, stream, &end, service.at_exit()).await;
+    carry_with(socket, stream, &end, Carried::at_exit(service)).await;
 }
 
 /// A gomux stream whose writes are never partial, for `fast_socks5`: it sends each of its

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use super::{accept_clients, Accepting, ClientService};
-use crate::cli::{bind, Command};
+use crate::args::{Command, EntryService};
 use crate::drain::tracked;
 use crate::metrics::metrics;
+use crate::relay::bind;
 use crate::services::{Changes, Lane, Reloader};
-use crate::settings::EntryService;
 
 /// A config-mode entry's services, their listeners bound, and the reloader of their file.
 pub(crate) struct Named {

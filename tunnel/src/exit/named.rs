@@ -10,15 +10,15 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use super::{serve_service, Destination, ExitOptions, ExitRun, Services, SocksOptions, Table};
-use crate::cli::{resolve, Command, TargetArg};
+use crate::args::{Command, ExitService, TargetArg};
 use crate::config::Handshakes;
 use crate::connect::{Meeting, Peer};
 use crate::drain::{SessionEnd, Shutdown, ShutdownReport, Work};
 use crate::logging::{warn_at_start, Escaped};
 use crate::metrics::metrics;
 use crate::preface::{self, Read};
+use crate::relay::resolve;
 use crate::services::{Changes, Reloader};
-use crate::settings::ExitService;
 
 /// The services a config-mode exit runs, as their keys read, for a reload to compare.
 pub(crate) struct Running {
