@@ -250,8 +250,11 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
     let Some((mode, options)) = args.split_first() else {
         return Err("say what to run: entry, exit, check, relay, keygen or fingerprint".into());
     };
-    if options.iter().any(|option| option == "--config") {
+    if mode == "check" || options.iter().any(|option| option == "--config") {
         return Err(match mode.as_str() {
+            "check" if !options.iter().any(|option| option == "--config") => {
+                "say which file: check --config FILE".into()
+            }
             "entry" | "exit" | "check" => "--config FILE takes no other option: every flag \
                                            has a key in the file"
                 .into(),
