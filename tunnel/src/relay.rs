@@ -289,21 +289,21 @@ impl Answer {
         match self.got {
             [preface::MAGIC, preface::ACCEPTED] => Poll::Ready(Ok(true)),
             [preface::MAGIC, preface::UNKNOWN] => {
-                warn!(%service, "the exit has no such service; closing the client");
                 metrics().refused(service, "unknown_service");
+                warn!(%service, "the exit has no such service; closing the client");
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::ConnectionRefused,
                     format!("the exit has no service {service:?}"),
                 )))
             }
             got => {
+                metrics().refused(service, "no_answer");
                 warn!(
                     %service,
                     answer = ?got,
                     "the exit did not answer the service preface (is it run with flags rather \
                      than --config? the two modes do not mix); closing the client"
                 );
-                metrics().refused(service, "no_answer");
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "the exit did not answer the service preface",

@@ -230,12 +230,17 @@ async fn a_stream_for_an_unknown_service_is_refused_and_logged_at_both_ends() {
     let scratch = Scratch::new("services-unknown");
     let alpha = echo_server().await;
     let exit_path = scratch.path("exit.toml");
-    std::fs::write(&exit_path, exit_file(&[("alpha", alpha)], "")).expect("write");
-    let exit = start("exit", &exit_path, 1).await;
+    let metrics = "metrics = \"127.0.0.1:0\"";
+    std::fs::write(&exit_path, exit_file(&[("alpha", alpha)], metrics)).expect("write");
+    let exit = start("exit", &exit_path, 2).await;
     let entry_path = scratch.path("entry.toml");
     let names = [("alpha", "127.0.0.1:0"), ("ghost", "127.0.0.1:0")];
-    std::fs::write(&entry_path, entry_file(exit.addr("entries"), &names, "")).expect("write");
-    let entry = start("entry", &entry_path, 2).await;
+    std::fs::write(
+        &entry_path,
+        entry_file(exit.addr("entries"), &names, metrics),
+    )
+    .expect("write");
+    let entry = start("entry", &entry_path, 3).await;
 
     assert!(refused(entry.addr("service.ghost")).await, "ghost relayed");
     exit.await_log(&["WARN", "no such service", "ghost"], true)
@@ -245,6 +250,100 @@ async fn a_stream_for_an_unknown_service_is_refused_and_logged_at_both_ends() {
         .await;
     // The connection and the other service carry on.
     echoes(entry.addr("service.alpha"), b"still here").await;
+
+    // Both ends count the refusal: the entry under the service's name, the exit (which has
+    // no such service) under none.
+    let refused = "gomux_tunnel_service_refused_total";
+    let reason = ("reason", "unknown_service");
+    let scraped = scrape(entry.addr("metrics")).await;
+    assert_eq!(
+        value(&scraped, refused, &[("service", "ghost"), reason]),
+        Some(1.0)
+    );
+    let scraped = scrape(exit.addr("metrics")).await;
+    assert_eq!(
+        value(&scraped, refused, &[("service", ""), reason]),
+        Some(1.0)
+    );
+}
+
+/// A config-mode exit refuses the streams of an entry run with flags, which carry no
+/// preface, and says why.
+#[tokio::test]
+async fn a_config_mode_exit_refuses_a_flag_mode_entry_and_says_why() {
+    let scratch = Scratch::new("services-mixed");
+    let alpha = echo_server().await;
+    let exit_path = scratch.path("exit.toml");
+    std::fs::write(&exit_path, exit_file(&[("alpha", alpha)], "")).expect("write");
+    let exit = start("exit", &exit_path, 1).await;
+    let exits = exit.addr("entries").to_string();
+    let entry = End::start(
+        &[
+            "entry",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit",
+            &exits,
+            "--insecure",
+        ],
+        1,
+    )
+    .await;
+    assert!(
+        refused(entry.addr("clients")).await,
+        "relayed without a preface"
+    );
+    exit.await_log(
+        &["WARN", "without a service preface", "run with flags"],
+        true,
+    )
+    .await;
+}
+
+/// A handshake that fails at a listening end is counted by reason.
+#[tokio::test]
+async fn failed_handshakes_are_counted_by_reason() {
+    let scratch = Scratch::new("services-handshakes");
+    let (_, exit_key) = scratch.identity("exit-key");
+    let (entry_identity, _) = scratch.identity("entry-key");
+    let exit_file = format!(
+        "listen = \"127.0.0.1:0\"\nkey = \"{}\"\npeer_fingerprint = \"{}\"\n\
+         metrics = \"127.0.0.1:0\"\n\n[[service]]\nname = \"a\"\ntarget = \"127.0.0.1:9\"\n",
+        text(&exit_key),
+        entry_identity.fingerprint(),
+    );
+    let exit_path = scratch.path("exit.toml");
+    std::fs::write(&exit_path, exit_file).expect("write");
+    let exit = start("exit", &exit_path, 2).await;
+    let mut stranger = TcpStream::connect(exit.addr("entries"))
+        .await
+        .expect("connect");
+    stranger
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    let _ = within("the close", stranger.read_to_end(&mut rest)).await;
+    let failures = "gomux_tunnel_handshake_failures_total";
+    let scraped = scrape(exit.addr("metrics")).await;
+    assert_eq!(
+        value(&scraped, failures, &[("reason", "not_tls")]),
+        Some(1.0)
+    );
+}
+
+/// The value of the sample of `name` with `labels` in `scrape`, if there is one.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
 }
 
 /// `check --config` says whether a file is valid, by its exit status, and where it is not.
@@ -316,20 +415,6 @@ async fn the_metrics_count_each_service() {
     echoes(entry.addr("service.beta"), &pattern(9, 5000)).await;
 
     for end in [&entry, &exit] {
-        let value = |scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]| {
-            scrape
-                .samples
-                .iter()
-                .find(|s| {
-                    s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
-                })
-                .map(|s| match s.value {
-                    prometheus_parse::Value::Counter(v)
-                    | prometheus_parse::Value::Gauge(v)
-                    | prometheus_parse::Value::Untyped(v) => v,
-                    _ => f64::NAN,
-                })
-        };
         // The last bytes are counted as they are written: a moment after the client read them.
         let mut last = String::new();
         let done = tokio::time::timeout(Duration::from_secs(20), async {
