@@ -546,7 +546,7 @@ async fn serve_client(
         biased;
         () = service.lane.cut.cancelled() => {}
         // Logged by the accept loop; nothing was sent either way, so nothing is lost.
-        () = evicted.cancelled() => service.metrics.refused("too_many_silent"),
+        () = evicted.cancelled() => service.metrics.refused("silent_evicted"),
         () = forward_client(client, &service, exits, wait, shutdown) => {}
     }
 }
