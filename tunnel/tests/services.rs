@@ -332,6 +332,48 @@ async fn failed_handshakes_are_counted_by_reason() {
     );
 }
 
+/// An exit that restarts is dialled again (when the next client comes): the entry counts a
+/// reconnect, and its connection is up again.
+#[tokio::test]
+async fn a_reconnect_is_counted() {
+    let scratch = Scratch::new("services-reconnect");
+    let alpha = echo_server().await;
+    let exit_path = scratch.path("exit.toml");
+    let exits = free_port().await;
+    let exit_text = exit_file(&[("alpha", alpha)], "").replace("127.0.0.1:0", &exits.to_string());
+    std::fs::write(&exit_path, &exit_text).expect("write");
+    let mut exit = start("exit", &exit_path, 1).await;
+    let entry_path = scratch.path("entry.toml");
+    let names = [("alpha", "127.0.0.1:0")];
+    let metrics = "metrics = \"127.0.0.1:0\"";
+    std::fs::write(&entry_path, entry_file(exits, &names, metrics)).expect("write");
+    let entry = start("entry", &entry_path, 2).await;
+    echoes(entry.addr("service.alpha"), b"before").await;
+
+    exit.child.kill().await.expect("kill the exit");
+    exit = start("exit", &exit_path, 1).await;
+    // The next client brings the entry's dial (it waits for it, up to `exit_wait`).
+    echoes(entry.addr("service.alpha"), b"after").await;
+    let reconnects = "gomux_tunnel_reconnects_total";
+    let counted = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let scraped = scrape(entry.addr("metrics")).await;
+            let up = value(&scraped, "gomux_tunnel_connection_up", &[]);
+            if value(&scraped, reconnects, &[]) == Some(1.0) && up == Some(1.0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "no reconnect counted; log:\n{}",
+        entry.log()
+    );
+    drop(exit);
+}
+
 /// The value of the sample of `name` with `labels` in `scrape`, if there is one.
 fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     scrape
