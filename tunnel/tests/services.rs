@@ -324,12 +324,19 @@ async fn failed_handshakes_are_counted_by_reason() {
         .expect("write");
     let mut rest = Vec::new();
     let _ = within("the close", stranger.read_to_end(&mut rest)).await;
+    // Counted as the connection is closed: wait for it.
     let failures = "gomux_tunnel_handshake_failures_total";
-    let scraped = scrape(exit.addr("metrics")).await;
-    assert_eq!(
-        value(&scraped, failures, &[("reason", "not_tls")]),
-        Some(1.0)
-    );
+    let counted = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let scraped = scrape(exit.addr("metrics")).await;
+            if let Some(count) = value(&scraped, failures, &[("reason", "not_tls")]) {
+                return count;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(counted.ok(), Some(1.0), "log:\n{}", exit.log());
 }
 
 /// An exit that restarts is dialled again (when the next client comes): the entry counts a
