@@ -1,478 +1,59 @@
-//! The command line: what it says, how it is read, and running what it asks for.
+//! Running what the command line asks for (the command line itself is read by `args`).
 
 use std::error::Error as StdError;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::logging::{say, warn_at_start, LogFormat};
-
-use crate::config::{
-    AllowList, Credentials, Handshakes, Limits, Priorities, Rule, DEFAULT_DRAIN, DEFAULT_EXIT_WAIT,
-    MAX_CONNECTIONS,
+use crate::args::read_password;
+pub use crate::args::{
+    parse_flags, Args, Command, EntryService, ExitService, SecurityArg, TargetArg, Via, USAGE,
 };
+use crate::config::Credentials;
 use crate::connect::{Meeting, Peer};
-use crate::drain::{Shutdown, ShutdownReport};
-use crate::entry::{run_entry, EntryOptions};
-use crate::exit::{run_exit, Destination, ExitOptions, SocksOptions};
-use crate::relay::run_relay;
-use crate::security::{Fingerprint, Identity, Security};
+use crate::drain::{AbortOnDrop, Shutdown, ShutdownReport};
+use crate::entry::named::Named;
+use crate::entry::{run_entry, run_entry_with, Clients, EntryOptions};
+use crate::exit::{run_exit, run_named_exit, Destination, ExitOptions, SocksOptions};
+use crate::logging::{say, warn_at_start};
+use crate::metrics::serve_metrics;
+use crate::relay::{bind, resolve, run_relay};
+use crate::security::{Identity, Security};
+use crate::services::Reloader;
 
-/// What `--help` prints.
-pub const USAGE: &str = "\
-usage: gomux-tunnel keygen --out DIR
-       gomux-tunnel fingerprint --key DIR
-       gomux-tunnel entry --listen ADDR (--exit ADDR [--connections K] | --accept-exit ADDR)
-                          SECURITY [--exit-wait SECONDS] [--socks] [ALL]
-       gomux-tunnel exit (--listen ADDR | --entry ADDR) (--target ADDR | --socks [SOCKS AUTH])
-                         SECURITY [--allow NETWORK:PORTS]... [--priority NETWORK:PORTS=N]...
-                         [--max-sessions N] [--max-streams N] [ALL]
-       gomux-tunnel relay --listen ADDR --target ADDR [ALL]
-       gomux-tunnel --version
-
-The entry accepts TCP clients and carries each one as a gomux stream over a single
-connection to the exit; the exit connects each stream onwards. The connection between
-them is mutual TLS 1.3, each end pinning the other's certificate.
-
-keygen --out DIR           write a key pair and self-signed certificate into DIR (key.pem,
-                           cert.pem) and print the certificate's SHA-256 fingerprint
-fingerprint --key DIR      print the fingerprint of the certificate in DIR
-entry  --listen ADDR       accept TCP clients on ADDR
-       --exit ADDR         dial the exit at ADDR, and again whenever the connection is lost
-       --connections K     with --exit: keep K connections to the exit (default 1), each
-                           client carried by the one with the fewest
-       --accept-exit ADDR  reverse: let the exit dial in on ADDR (the latest one carries
-                           new clients)
-       --exit-wait SECONDS while no connection to the exit is up, turn a new client away
-                           after this long (default 3; 0: at once)
-       --socks             the clients speak SOCKS5 (to a SOCKS exit): one turned away gets a
-                           SOCKS5 failure reply (network unreachable) instead of a close
-exit   --listen ADDR       accept gomux connections from entries on ADDR
-       --entry ADDR        reverse: dial the entry at ADDR, and again whenever the connection
-                           is lost (for an exit behind NAT)
-       --target ADDR       connect every stream to ADDR
-       --socks             read a SOCKS5 CONNECT request from every stream and connect it to
-                           the address requested (host names resolved by the exit)
-       --allow NETWORK:PORTS
-                           connect only to targets in NETWORK on PORTS, as 10.0.0.0/8:22,80-90
-                           or 127.0.0.1:* (repeatable; without any, every target is allowed)
-       --priority NETWORK:PORTS=N
-                           send the streams to targets in NETWORK on PORTS at priority N
-                           (default 0; higher goes first), so that, say, SSH replies do not
-                           wait behind downloads: 0.0.0.0/0:22=10 (repeatable; first match)
-       --max-sessions N    serve at most N gomux connections at once (default 64)
-       --max-streams N     serve at most N streams at once, across all connections (default
-                           1024); each holds a connection to its target
-SOCKS AUTH
-       --socks-user USER --socks-password-file FILE
-                           require this user name (1 to 255 bytes) and the password in FILE
-                           (its first line; the file readable by its owner only) from SOCKS5
-                           clients (RFC 1929); each wrong password in a row is answered later
-SECURITY (entry and exit)
-       --key DIR           this end's key and certificate, as keygen wrote them (key.pem
-                           readable by its owner only)
-       --peer-fingerprint HEX
-                           the other end's certificate fingerprint, as keygen printed it
-       --insecure          plain TCP instead: no authentication, no encryption
-       --handshake-timeout SECONDS
-                           close a connection (or a SOCKS5 stream) whose handshake takes
-                           longer (default 10); one silent for 2 s is closed then
-       --max-handshakes N  at most N handshakes in progress (default 64; 8 per address): a
-                           newcomer beyond takes the place of the oldest silent one; at a
-                           SOCKS exit, N SOCKS5 handshakes per gomux connection
-relay  --listen ADDR --target ADDR
-                           forward each TCP connection on ADDR to its own connection to
-                           ADDR, without gomux (a baseline for measurements)
-ALL    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and give the ones
-                           being relayed this long to finish (default 30), then cut them; a
-                           second Ctrl-C cuts them at once, a third exits at once
-       --log-format FORMAT text (default) or json: one JSON object per line
-
-Each listener's bound address is printed on standard output as `listening NAME ADDR`
-(NAME: clients, exits, entries or relay), so that port 0 can be asked for.
-RUST_LOG sets the log filter (default: info); logs go to standard error, and a closed
-standard error or output never stops the tunnel.";
-
-/// The command line: which end to run, how it meets the other end, and how long its shutdown
-/// may take.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Args {
-    /// What to run.
-    pub command: Command,
-    /// How long the connections being relayed get to finish once a shutdown begins.
-    pub drain: Duration,
-    /// How the connection between the ends is secured (unused by the relay).
-    pub security: SecurityArg,
-    /// Bounds on the handshakes in progress (TLS, and SOCKS5 at a SOCKS exit).
-    pub handshakes: Handshakes,
-    /// How log lines are written (`--log-format`).
-    pub log_format: LogFormat,
-    /// How long the entry's new client waits for a connection to the exit (`--exit-wait`).
-    pub exit_wait: Duration,
-    /// Whether the entry's clients speak SOCKS5 (`entry --socks`): one turned away gets a
-    /// SOCKS5 failure reply.
-    pub entry_socks: bool,
-    /// The most the exit serves at once (`--max-sessions`, `--max-streams`).
-    pub limits: Limits,
-}
-
-/// What the command line asked for.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Make a key pair.
-    Keygen {
-        /// The directory to write it into.
-        out: PathBuf,
-    },
-    /// Print a key's fingerprint.
-    Fingerprint {
-        /// The directory that holds it.
-        key: PathBuf,
-    },
-    /// Run the entry.
-    Entry {
-        /// Where clients connect.
-        listen: String,
-        /// How the gomux connection is made.
-        exit: Via,
-        /// Connections to keep to the exit, when the entry dials it.
-        connections: usize,
-    },
-    /// Run the exit.
-    Exit {
-        /// How the gomux connection is made.
-        entry: Via,
-        /// Where streams go.
-        target: TargetArg,
-        /// The targets allowed (`--allow`).
-        allow: AllowList,
-        /// The streams' send priorities by target (`--priority`).
-        priorities: Priorities,
-        /// `--socks-user` and `--socks-password-file`.
-        socks_auth: Option<(String, PathBuf)>,
-    },
-    /// Run a plain relay.
-    Relay {
-        /// Where clients connect.
-        listen: String,
-        /// Where each goes.
-        target: String,
-    },
-}
-
-/// How an end makes its gomux connection, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Via {
-    /// Dial the other end at this address.
-    Dial(String),
-    /// Wait for the other end to dial in on this address.
-    Accept(String),
-}
-
-/// What the exit connects its streams to, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
-pub enum TargetArg {
-    /// Always this address.
-    Fixed(String),
-    /// The address each stream's SOCKS5 request names.
-    Socks,
-}
-
-/// How the connection between the ends is secured, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
-pub enum SecurityArg {
-    /// `--key DIR --peer-fingerprint HEX`.
-    Pinned {
-        /// This end's key directory.
-        key: PathBuf,
-        /// The other end's fingerprint.
-        peer: Fingerprint,
-    },
-    /// `--insecure`, or a mode with no connection between ends.
-    Insecure,
-}
-
-/// Options that take no value.
-const FLAGS: &[&str] = &["--socks", "--insecure"];
-/// Options that may be given more than once.
-const REPEATABLE: &[&str] = &["--allow", "--priority"];
-/// The options of both ends' security.
-const SECURITY: &[&str] = &[
-    "--key",
-    "--peer-fingerprint",
-    "--insecure",
-    "--handshake-timeout",
-    "--max-handshakes",
-];
-
-/// Parses the arguments after the program name.
+/// Parses the arguments after the program name: `entry --config FILE` and
+/// `exit --config FILE` read the file (see `settings`), anything else is flags (see
+/// [`parse_flags`]).
 ///
 /// # Errors
 ///
 /// A sentence saying what is wrong with them.
 pub fn parse_args(args: &[String]) -> Result<Args, String> {
     let Some((mode, options)) = args.split_first() else {
-        return Err("say what to run: entry, exit, relay, keygen or fingerprint".into());
+        return parse_flags(args);
     };
-    let known: Vec<&str> = match mode.as_str() {
-        "entry" => [
-            &[
-                "--listen",
-                "--exit",
-                "--accept-exit",
-                "--connections",
-                "--exit-wait",
-                "--socks",
-                "--drain",
-                "--log-format",
-            ][..],
-            SECURITY,
-        ]
-        .concat(),
-        "exit" => [
-            &[
-                "--listen",
-                "--entry",
-                "--target",
-                "--socks",
-                "--drain",
-                "--allow",
-                "--priority",
-                "--socks-user",
-                "--socks-password-file",
-                "--max-sessions",
-                "--max-streams",
-                "--log-format",
-            ][..],
-            SECURITY,
-        ]
-        .concat(),
-        "relay" => vec!["--listen", "--target", "--drain", "--log-format"],
-        "keygen" => vec!["--out"],
-        "fingerprint" => vec!["--key"],
-        unknown => {
-            return Err(format!(
-                "unknown mode {unknown:?}: entry, exit, relay, keygen or fingerprint"
-            ))
-        }
-    };
-
-    // Every option once at most but the repeatable ones; all but the flags take a value.
-    let mut given: Vec<(&str, String)> = Vec::new();
-    let mut options = options.iter();
-    while let Some(option) = options.next() {
-        let Some(&flag) = known.iter().find(|&&flag| flag == option.as_str()) else {
-            return Err(format!("unknown option {option:?} for {mode}"));
-        };
-        if !REPEATABLE.contains(&flag) && given.iter().any(|(seen, _)| *seen == flag) {
-            return Err(format!("{flag} is given twice"));
-        }
-        let value = if FLAGS.contains(&flag) {
-            String::new()
-        } else {
-            let what = match flag {
-                "--drain" | "--handshake-timeout" | "--exit-wait" => "a number of seconds",
-                "--connections" => "a number of connections",
-                "--max-handshakes" | "--max-sessions" | "--max-streams" => "a number",
-                "--log-format" => "text or json",
-                "--key" | "--out" | "--socks-password-file" => "a path",
-                "--peer-fingerprint" => "a fingerprint",
-                "--allow" => "NETWORK:PORTS",
-                "--priority" => "NETWORK:PORTS=N",
-                "--socks-user" => "a user name",
-                _ => "an address",
-            };
-            options
-                .next()
-                .ok_or_else(|| format!("{flag} needs {what}"))?
-                .clone()
-        };
-        given.push((flag, value));
-    }
-    let mut take = |flag: &str| {
-        given
-            .iter()
-            .position(|(seen, _)| *seen == flag)
-            .map(|at| given.remove(at).1)
-    };
-    let seconds = |flag: &str, value: String| {
-        value
-            .parse::<f64>()
-            .ok()
-            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
-            .ok_or_else(|| format!("{flag} needs a number of seconds, not {value:?}"))
-    };
-
-    let drain = match take("--drain") {
-        None => DEFAULT_DRAIN,
-        Some(value) => seconds("--drain", value)?,
-    };
-    let mut handshakes = Handshakes::default();
-    if let Some(value) = take("--handshake-timeout") {
-        handshakes.timeout = seconds("--handshake-timeout", value)?;
-    }
-    let count = |flag: &str, value: String| {
-        value
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("{flag} needs a number above 0, not {value:?}"))
-    };
-    if let Some(value) = take("--max-handshakes") {
-        handshakes.limit = count("--max-handshakes", value)?;
-    }
-    let mut limits = Limits::default();
-    if let Some(value) = take("--max-sessions") {
-        limits.sessions = count("--max-sessions", value)?;
-    }
-    if let Some(value) = take("--max-streams") {
-        limits.streams = count("--max-streams", value)?;
-    }
-    let exit_wait = match take("--exit-wait") {
-        None => DEFAULT_EXIT_WAIT,
-        Some(value) => seconds("--exit-wait", value)?,
-    };
-    let log_format = match take("--log-format") {
-        None => LogFormat::default(),
-        Some(value) => value.parse()?,
-    };
-    let entry_socks = mode == "entry" && take("--socks").is_some();
-    let ends = ["entry", "exit"].contains(&mode.as_str());
-    let security = match if ends {
-        (
-            take("--key"),
-            take("--peer-fingerprint"),
-            take("--insecure"),
-        )
-    } else {
-        (None, None, None)
-    } {
-        (None, None, Some(_)) => SecurityArg::Insecure,
-        (Some(key), Some(peer), None) => SecurityArg::Pinned {
-            key: key.into(),
-            peer: peer.parse()?,
-        },
-        (_, _, Some(_)) => {
-            return Err(
-                "--insecure leaves out TLS: give it without --key and --peer-fingerprint".into(),
-            )
-        }
-        _ if ends => {
-            return Err(
-                "give --key DIR and --peer-fingerprint HEX (gomux-tunnel keygen makes \
-                        a key and prints its fingerprint), or --insecure for plain TCP"
-                    .into(),
-            )
-        }
-        _ => SecurityArg::Insecure,
-    };
-    let connections_given = take("--connections");
-    let connections = match &connections_given {
-        None => 1,
-        Some(count) => count
-            .parse::<usize>()
-            .ok()
-            .filter(|&count| (1..=MAX_CONNECTIONS).contains(&count))
-            .ok_or_else(|| {
-                format!("--connections needs a number from 1 to {MAX_CONNECTIONS}, not {count:?}")
-            })?,
-    };
-    let command = match mode.as_str() {
-        "keygen" => Command::Keygen {
-            out: take("--out").ok_or("--out DIR is required")?.into(),
-        },
-        "fingerprint" => Command::Fingerprint {
-            key: take("--key").ok_or("--key DIR is required")?.into(),
-        },
-        "entry" => Command::Entry {
-            listen: take("--listen").ok_or("--listen ADDR is required")?,
-            connections,
-            exit: match (take("--exit"), take("--accept-exit")) {
-                (None, Some(_)) if connections_given.is_some() => {
-                    return Err(
-                        "--connections applies when the entry dials the exit (--exit); \
-                                with --accept-exit, the exit dials"
-                            .into(),
-                    )
-                }
-                (Some(addr), None) => Via::Dial(addr),
-                (None, Some(addr)) => Via::Accept(addr),
-                (Some(_), Some(_)) => return Err("give --exit or --accept-exit, not both".into()),
-                (None, None) => {
-                    return Err(
-                        "say how to reach the exit: --exit ADDR to dial it, or --accept-exit \
-                         ADDR to let it dial in"
-                            .into(),
-                    )
-                }
-            },
-        },
-        "exit" => {
-            let mut allow = AllowList::default();
-            while let Some(rule) = take("--allow") {
-                allow.push(rule.parse::<Rule>()?);
+    // A config file stands for every other option.
+    if let [config, file] = options {
+        if config == "--config" && ["entry", "exit", "check"].contains(&mode.as_str()) {
+            if mode == "check" {
+                return Ok(Args {
+                    command: Command::Check { file: file.into() },
+                    ..parse_flags(&["relay", "--listen", "-", "--target", "-"].map(String::from))?
+                });
             }
-            let mut priorities = Priorities::default();
-            while let Some(rule) = take("--priority") {
-                priorities.push_text(&rule)?;
-            }
-            let target = match (take("--target"), take("--socks")) {
-                (Some(addr), None) => TargetArg::Fixed(addr),
-                (None, Some(_)) => TargetArg::Socks,
-                (Some(_), Some(_)) => return Err("give --target or --socks, not both".into()),
-                (None, None) => return Err("--target ADDR or --socks is required".into()),
+            let args = crate::settings::load(Path::new(file))?;
+            let config_mode = match args.command {
+                Command::EntryConfig { .. } => "entry",
+                _ => "exit",
             };
-            let socks_auth = match (take("--socks-user"), take("--socks-password-file")) {
-                (None, None) => None,
-                (Some(user), Some(_)) if user.is_empty() || user.len() > 255 => {
-                    return Err(format!(
-                        "--socks-user: a SOCKS5 user name is 1 to 255 bytes (RFC 1929), not {}",
-                        user.len()
-                    ))
-                }
-                (Some(user), Some(file)) if target == TargetArg::Socks => Some((user, file.into())),
-                (Some(_), Some(_)) => {
-                    return Err("--socks-user applies to the SOCKS5 exit (--socks)".into())
-                }
-                _ => return Err("give --socks-user and --socks-password-file together".into()),
-            };
-            Command::Exit {
-                entry: match (take("--listen"), take("--entry")) {
-                    (Some(addr), None) => Via::Accept(addr),
-                    (None, Some(addr)) => Via::Dial(addr),
-                    (Some(_), Some(_)) => return Err("give --listen or --entry, not both".into()),
-                    (None, None) => {
-                        return Err(
-                            "say how to reach the entry: --listen ADDR to let it dial in, or \
-                             --entry ADDR to dial it"
-                                .into(),
-                        )
-                    }
-                },
-                target,
-                allow,
-                priorities,
-                socks_auth,
+            if config_mode != mode {
+                return Err(format!("{file} describes an {config_mode}, not an {mode}"));
             }
+            return Ok(args);
         }
-        _ => Command::Relay {
-            listen: take("--listen").ok_or("--listen ADDR is required")?,
-            target: take("--target").ok_or("--target ADDR is required")?,
-        },
-    };
-    Ok(Args {
-        command,
-        drain,
-        security,
-        handshakes,
-        log_format,
-        exit_wait,
-        entry_socks,
-        limits,
-    })
+    }
+    parse_flags(args)
 }
 
 /// What [`run`] did: an end that ran and shut down, or a one-off command.
@@ -491,7 +72,20 @@ pub enum Ran {
 ///
 /// When an address cannot be bound or resolved, a key cannot be read or written, or a fixed
 /// target lies outside the allow-list.
-pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError>> {
+pub async fn run(
+    args: Args,
+    shutdown: Shutdown,
+    reloads: mpsc::Receiver<()>,
+) -> Result<Ran, Box<dyn StdError>> {
+    let reloader = Reloader::new(&args, reloads);
+    let _metrics = match args.metrics {
+        None => None,
+        Some(addr) => {
+            let listener = bind(&addr.to_string(), "metrics").await?;
+            info!(listen = %listener.local_addr()?, "serving metrics on GET /metrics");
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(listener))))
+        }
+    };
     let Args {
         command,
         security,
@@ -620,6 +214,65 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             };
             run_exit(entry, destination, options, meeting, shutdown).await
         }
+        Command::Check { file } => {
+            let args = crate::settings::load(&file)?;
+            let (end, services) = match &args.command {
+                Command::EntryConfig { services, .. } => ("entry", services.len()),
+                Command::ExitConfig { services, .. } => ("exit", services.len()),
+                _ => unreachable!("a config file describes an end"),
+            };
+            say(format_args!(
+                "{}: valid ({end}, {services} services)",
+                file.display()
+            ));
+            return Ok(Ran::Done);
+        }
+        Command::EntryConfig {
+            exit,
+            connections,
+            services,
+            ..
+        } => {
+            let meeting = security()?;
+            let mut bound = Vec::new();
+            for service in services {
+                let listener = bind(&service.listen, &format!("service.{}", service.name)).await?;
+                info!(service = %service.name, listen = %listener.local_addr()?, "service listening");
+                bound.push((service, listener));
+            }
+            let exit = match exit {
+                Via::Dial(addr) => Peer::Dial(resolve(&addr).await?),
+                Via::Accept(addr) => Peer::Accept(bind(&addr, "exits").await?),
+            };
+            let options = EntryOptions {
+                connections,
+                client_wait: exit_wait,
+                ..EntryOptions::default()
+            };
+            let clients = Clients::Named(Box::new(Named {
+                services: bound,
+                reloader,
+            }));
+            run_entry_with(clients, exit, options, meeting, shutdown).await
+        }
+        Command::ExitConfig {
+            entry, services, ..
+        } => {
+            let meeting = security()?;
+            let options = ExitOptions {
+                limits,
+                socks: SocksOptions {
+                    credentials: None,
+                    handshakes,
+                },
+                ..ExitOptions::default()
+            };
+            let entry = match entry {
+                Via::Accept(addr) => Peer::Accept(bind(&addr, "entries").await?),
+                Via::Dial(addr) => Peer::Dial(resolve(&addr).await?),
+            };
+            run_named_exit(entry, services, options, meeting, shutdown, reloader).await?
+        }
         Command::Relay { listen, target } => {
             let listener = bind(&listen, "relay").await?;
             let target = resolve(&target).await?;
@@ -627,46 +280,4 @@ pub async fn run(args: Args, shutdown: Shutdown) -> Result<Ran, Box<dyn StdError
             run_relay(listener, target, shutdown).await
         }
     }))
-}
-
-/// Binds `addr`, and prints `listening NAME ADDR` with the address bound.
-async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    // Whoever started us may not read it; that is no reason to stop.
-    say(format_args!("listening {name} {bound}"));
-    Ok(listener)
-}
-
-/// Resolves a `host:port` once at start-up; the tunnel then always dials that address.
-async fn resolve(addr: &str) -> Result<SocketAddr, String> {
-    let mut found = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
-    found
-        .next()
-        .ok_or_else(|| format!("{addr} resolves to no address"))
-}
-
-/// The first line of `file`: a password kept out of the command line, which others can read.
-fn read_password(file: &Path) -> Result<String, String> {
-    crate::security::private(file).map_err(|e| e.to_string())?;
-    let text = std::fs::read_to_string(file).map_err(|e| {
-        format!(
-            "cannot read the SOCKS5 password from {}: {e}",
-            file.display()
-        )
-    })?;
-    let password = text.lines().next().unwrap_or_default().to_owned();
-    if password.is_empty() || password.len() > 255 {
-        return Err(format!(
-            "{}: a SOCKS5 password is 1 to 255 bytes (RFC 1929)",
-            file.display()
-        ));
-    }
-    Ok(password)
 }

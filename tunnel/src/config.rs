@@ -260,16 +260,24 @@ impl FromStr for Rule {
 }
 
 /// The send priority of the streams an exit carries, by target (`--priority`): the first rule
-/// whose network and ports hold the target gives it; any other target gets 0. A stream of
+/// whose network and ports hold the target gives it; any other target gets 0 (or the priority
+/// of a config file's service, `priority = N`). A stream of
 /// higher priority sends first (`gomux::Stream::set_priority`), so the replies of interactive
 /// services (SSH, say: `--priority 0.0.0.0/0:22=10`) do not wait behind the downloads the same
 /// connection carries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Priorities {
     rules: Vec<(Rule, i32)>,
+    /// The priority of a target no rule holds.
+    otherwise: i32,
 }
 
 impl Priorities {
+    /// Sets the priority of the targets no rule holds (0 unless set).
+    pub fn set_otherwise(&mut self, priority: i32) {
+        self.otherwise = priority;
+    }
+
     /// Adds a rule, as `--priority` reads it: `NETWORK:PORTS=N`.
     ///
     /// # Errors
@@ -292,7 +300,7 @@ impl Priorities {
         self.rules
             .iter()
             .find(|(rule, _)| rule.allows(target))
-            .map_or(0, |&(_, priority)| priority)
+            .map_or(self.otherwise, |&(_, priority)| priority)
     }
 }
 

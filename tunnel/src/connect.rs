@@ -15,6 +15,7 @@ use tracing::{info, info_span, warn, Instrument};
 use crate::admission::{Admission, Newcomer};
 use crate::config::{mux_config, Handshakes, FIRST_BYTES_TIMEOUT, HANDSHAKE_GRACE};
 use crate::drain::{tracked, Shutdown, Work};
+use crate::metrics::metrics;
 use crate::outage::Outage;
 use crate::refusals::{Refusals, PERIOD};
 use crate::relay::{accept, connect};
@@ -39,9 +40,16 @@ pub(crate) async fn dial(
     meeting: &Meeting,
 ) -> io::Result<Connection> {
     let tcp = connect(addr, dial_timeout).await?;
-    tokio::time::timeout(meeting.handshakes.timeout, meeting.security.dialled(tcp))
+    let secured = tokio::time::timeout(meeting.handshakes.timeout, meeting.security.dialled(tcp))
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake timed out"))?
+        .map_err(|_| {
+            metrics().handshake_failed("timed_out");
+            io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake timed out")
+        })?;
+    if secured.is_err() {
+        metrics().handshake_failed("failed");
+    }
+    secured
 }
 
 /// Accepts the other end's connections on `listener` until the shutdown begins (returning
@@ -184,6 +192,7 @@ pub(crate) async fn accept_sessions<F, Fut>(
             let connection = match secured {
                 Ok(connection) => connection,
                 Err(refused) => {
+                    metrics().handshake_failed(refused.reason());
                     if refusals.log_one(peer.ip()) {
                         refused.log(other, peer, &handshakes);
                     }
@@ -237,6 +246,16 @@ enum Refused {
 }
 
 impl Refused {
+    /// The reason's label in the metrics.
+    fn reason(&self) -> &'static str {
+        match self {
+            Refused::Silent => "silent",
+            Refused::NotTls(_) => "not_tls",
+            Refused::Failed(_) => "failed",
+            Refused::TimedOut => "timed_out",
+        }
+    }
+
     fn log(&self, other: &str, peer: SocketAddr, handshakes: &Handshakes) {
         match self {
             Refused::Silent => warn!(

@@ -1,15 +1,18 @@
 //! The entry: accepts TCP clients and carries each one as a gomux stream to the exit.
 
+pub(crate) mod named;
+
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use gomux::{Error, Pool, PooledSession, Session, Stream};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -20,10 +23,15 @@ use crate::config::{
     mux_config, DEFAULT_EXIT_WAIT, SILENT_CLIENTS, SILENT_GRACE, SILENT_PER_CLIENT,
 };
 use crate::connect::{accept_sessions, dial, Meeting, Peer, Redial};
-use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::drain::{
+    drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Tracked, Work,
+};
+use crate::metrics::{metrics, ServiceMetrics};
 use crate::outage::Outage;
+use crate::preface;
 use crate::refusals::{Refusals, PERIOD};
-use crate::relay::{accept, carry};
+use crate::relay::{accept, carry_with, Carried};
+use crate::services::Lane;
 use crate::socks_watch::Watched;
 use crate::turn_away::refuse_socks;
 
@@ -85,6 +93,25 @@ pub async fn run_entry(
     meeting: Meeting,
     shutdown: Shutdown,
 ) -> ShutdownReport {
+    run_entry_with(Clients::One(clients), exit, options, meeting, shutdown).await
+}
+
+/// Where the entry's clients come from.
+pub(crate) enum Clients {
+    /// The one listener of the flags: its streams carry no preface.
+    One(TcpListener),
+    /// A config file's named services, each on its own listener, reloaded on signals.
+    Named(Box<named::Named>),
+}
+
+/// Runs the entry, as [`run_entry`] says, with the clients of `clients`.
+pub(crate) async fn run_entry_with(
+    clients: Clients,
+    exit: Peer,
+    options: EntryOptions,
+    meeting: Meeting,
+    shutdown: Shutdown,
+) -> ShutdownReport {
     let work = Work::default();
     let connecting = work.sessions.track();
     let (exits, connections) = match exit {
@@ -140,28 +167,85 @@ pub async fn run_entry(
     };
     let _connections = AbortOnDrop(connections);
 
-    // Places for the clients that are still silent, per address (see `Silent`).
-    let silent = Admission::new(
-        SILENT_CLIENTS,
-        SILENT_PER_CLIENT,
-        SILENT_GRACE,
-        4 * SILENT_CLIENTS,
-    );
-    let refusals = Refusals::default();
+    let accepting = Accepting {
+        exits,
+        options,
+        shutdown: shutdown.clone(),
+        work: work.clone(),
+        // Places for the clients that are still silent, per address (see `Silent`), across
+        // all services.
+        silent: Admission::new(
+            SILENT_CLIENTS,
+            SILENT_PER_CLIENT,
+            SILENT_GRACE,
+            4 * SILENT_CLIENTS,
+        ),
+        refusals: Refusals::default(),
+        count: Arc::default(),
+    };
+    match clients {
+        Clients::One(listener) => {
+            let service = Arc::new(ClientService {
+                name: None,
+                socks: AtomicBool::new(accepting.options.socks),
+                metrics: metrics().service("default"),
+                lane: Lane::default(),
+            });
+            accept_clients(listener, service, accepting).await;
+        }
+        Clients::Named(named) => named.run(accepting).await,
+    }
+    work.wind_down(&shutdown).await
+}
+
+/// What every service's accept loop shares.
+#[derive(Clone)]
+pub(crate) struct Accepting {
+    exits: Exits,
+    options: EntryOptions,
+    shutdown: Shutdown,
+    work: Work,
+    silent: Admission,
+    refusals: Refusals,
+    /// Clients accepted so far, to number them in the logs.
+    count: Arc<AtomicU64>,
+}
+
+/// A service of the entry, as its accept loop and its clients see it.
+pub(crate) struct ClientService {
+    /// Its name, which its streams' prefaces carry; `None` for the one service of the flags,
+    /// whose streams carry no preface.
+    name: Option<String>,
+    /// Whether its clients speak SOCKS5 (a reload may change it).
+    socks: AtomicBool,
+    metrics: ServiceMetrics,
+    lane: Lane,
+}
+
+/// Accepts the clients of `service` on `clients` until the shutdown begins or the service is
+/// removed, then closes the listener: clients that connect from then on are refused.
+async fn accept_clients(clients: TcpListener, service: Arc<ClientService>, accepting: Accepting) {
+    let Accepting {
+        silent,
+        refusals,
+        shutdown,
+        ..
+    } = &accepting;
     let mut summaries = tokio::time::interval(PERIOD);
-    let mut count = 0u64;
     loop {
         let (socket, peer) = tokio::select! {
             biased;
             () = shutdown.begin.cancelled() => break,
+            () = service.lane.stop.cancelled() => break,
             _ = summaries.tick() => {
                 refusals.summarise("silent clients closed");
                 continue;
             }
             accepted = accept(&clients) => accepted,
         };
-        count += 1;
+        let count = accepting.count.fetch_add(1, Ordering::Relaxed) + 1;
         let Some((ticket, evicted)) = silent.admit(peer, Newcomer::Silent) else {
+            service.metrics.refused("too_many_silent");
             if refusals.log_one(peer.ip()) {
                 warn!(
                     %peer,
@@ -193,16 +277,17 @@ pub async fn run_entry(
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
         let client = serve_client(
+            service.lane.track(),
             Silent::new(socket, ticket),
-            exits.clone(),
-            options.clone(),
+            Arc::clone(&service),
+            accepting.exits.clone(),
+            accepting.options.client_wait,
             shutdown.clone(),
         );
-        tokio::spawn(tracked(work.relays.track(), client).instrument(span));
+        tokio::spawn(tracked(accepting.work.relays.track(), client).instrument(span));
     }
     // Clients that connect from now on are refused.
     drop(clients);
-    work.wind_down(&shutdown).await
 }
 
 /// How a client reaches the exit.
@@ -258,6 +343,7 @@ impl Dialled {
                     async move {
                         match dial(exit, dial_timeout, &meeting).await {
                             Ok(socket) => {
+                                metrics().connected();
                                 outage.up();
                                 info!(%exit, "connected to the exit");
                                 Ok(socket)
@@ -270,6 +356,8 @@ impl Dialled {
                     }
                 }
             });
+        metrics().first_connections(options.connections);
+        metrics().watch_pool(&pool);
         Dialled {
             pool,
             ends: Arc::default(),
@@ -371,6 +459,7 @@ impl Dialled {
             let (ends, shutdown) = (Arc::clone(&self.ends), self.shutdown.clone());
             async move {
                 let reason = session.closed().await;
+                metrics().session_ended(number, &session);
                 end.ended.cancel();
                 ends.lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -403,6 +492,8 @@ async fn carry_clients(
     work: &Work,
 ) -> Error {
     let end = SessionEnd::default();
+    metrics().connected();
+    metrics().session_started(number, &session);
     publish.send_replace(Some(Link {
         number,
         session: session.clone(),
@@ -421,6 +512,7 @@ async fn carry_clients(
         }
     };
     end.ended.cancel();
+    metrics().session_ended(number, &session);
     // Withdraw it, unless a newer connection has taken its place meanwhile (an exit that
     // dialled in again before its old connection was found dead).
     publish.send_if_modified(|current| {
@@ -435,34 +527,44 @@ async fn carry_clients(
 
 /// Forwards one client connection through a gomux connection to the exit; closes it at
 /// once if it loses its place while it is still silent.
+///
+/// Counted by its service (`counted`) meanwhile, and cut with it when the service, removed,
+/// reaches its drain deadline. (The cut is watched here rather than by a wrapping future,
+/// which would hold this one twice in an unoptimised build.)
 async fn serve_client(
+    counted: Tracked,
     client: Silent<TcpStream>,
+    service: Arc<ClientService>,
     exits: Exits,
-    options: EntryOptions,
+    wait: Duration,
     shutdown: Shutdown,
 ) {
+    let _counted = counted;
     let evicted = client.evicted.clone();
+    let _active = service.metrics.accepted();
     tokio::select! {
         biased;
+        () = service.lane.cut.cancelled() => {}
         // Logged by the accept loop; nothing was sent either way, so nothing is lost.
-        () = evicted.cancelled() => {}
-        () = forward_client(client, exits, &options, shutdown) => {}
+        () = evicted.cancelled() => service.metrics.refused("silent_evicted"),
+        () = forward_client(client, &service, exits, wait, shutdown) => {}
     }
 }
 
 async fn forward_client(
     mut client: Silent<TcpStream>,
+    service: &ClientService,
     exits: Exits,
-    options: &EntryOptions,
+    wait: Duration,
     shutdown: Shutdown,
 ) {
-    let wait = options.client_wait;
     let opened = match exits {
         Exits::Dialled(dialled) => dialled.open(wait).await,
         Exits::Latest(links, outage) => open_on_latest(links, wait, &shutdown, &outage).await,
     };
-    let Some((number, stream, end)) = opened else {
-        if options.socks {
+    let Some((number, mut stream, end)) = opened else {
+        service.metrics.refused("no_exit");
+        if service.socks.load(Ordering::Relaxed) {
             refuse_socks(&mut client).await;
         }
         return;
@@ -470,11 +572,20 @@ async fn forward_client(
     let span = Span::current();
     span.record("session", number);
     span.record("stream", stream.id());
+    // A config-mode stream names its service first (see `preface`): the client's bytes
+    // follow at once, and the exit's answer is taken by the relay before any reply.
+    if let Some(name) = &service.name {
+        if let Err(error) = stream.write_all(&preface::preface(name)).await {
+            debug!(%error, "the stream closed before its preface; closing the client");
+            return;
+        }
+    }
     debug!("forwarding");
     // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
     // by it at once: `carry` then closes the client too. A SOCKS5 refusal by the exit is
     // logged here, where the client's address is known (see `socks_watch`).
-    carry(Watched::new(client), stream, &end).await;
+    let carried = Carried::at_entry(&service.metrics, service.name.clone());
+    carry_with(Watched::new(client), stream, &end, carried).await;
 }
 
 /// Opens a stream on the latest connection an exit dialled in on, waiting up to `wait` for

@@ -1,11 +1,14 @@
 //! The exit: serves the streams of gomux connections from the entry, connecting each one to a
 //! fixed target or, in SOCKS5 mode, to the address its request names; within the allow-list.
 
+mod named;
+
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use gomux::{Error, Session, Stream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::{
@@ -13,8 +16,12 @@ use crate::config::{
 };
 use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
 use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
-use crate::relay::{carry, connect};
+use crate::metrics::{metrics, ServiceMetrics};
+use crate::relay::{carry_with, connect, Carried};
+use crate::services::{Lane, Reloader};
 use crate::socks::{forward_socks, places, Guesses, SocksServer};
+
+pub(crate) use named::run_named_exit;
 
 /// What an exit may do, and how it dials the entry when it does.
 #[derive(Debug, Clone, Default)]
@@ -43,14 +50,62 @@ pub struct SocksOptions {
 
 /// What every stream of the exit is served with, shared by all its sessions.
 struct Serving {
+    services: Services,
+    /// Bounds on the SOCKS5 handshakes of each session.
+    handshakes: Handshakes,
+    /// One permit per stream being served, across all sessions.
+    streams: Arc<Semaphore>,
+    limits: Limits,
+}
+
+/// The services of the exit.
+enum Services {
+    /// The one of the flags: every stream is for it, and carries no preface.
+    One(Arc<ExitRun>),
+    /// A config file's, by name: each stream names its own in a preface (see `preface`).
+    /// Read once per stream; replaced by a reload.
+    Named(Table),
+}
+
+/// A config-mode exit's services, by name.
+type Table = Arc<RwLock<HashMap<String, Arc<ExitRun>>>>;
+
+/// One service of the exit, as its streams are served.
+pub(crate) struct ExitRun {
     destination: Destination,
     allow: AllowList,
     priorities: Priorities,
     /// The SOCKS5 server, in SOCKS5 mode.
     socks: Arc<SocksServer>,
-    /// One permit per stream being served, across all sessions.
-    streams: Arc<Semaphore>,
-    limits: Limits,
+    metrics: ServiceMetrics,
+    /// Its relays, drained apart when it is removed.
+    lane: Lane,
+}
+
+impl ExitRun {
+    /// A service named `name`.
+    pub(crate) fn new(
+        name: &str,
+        destination: Destination,
+        allow: AllowList,
+        priorities: Priorities,
+        socks: SocksOptions,
+    ) -> ExitRun {
+        ExitRun {
+            destination,
+            socks: Arc::new(SocksServer {
+                credentials: socks.credentials,
+                allow: allow.clone(),
+                priorities: priorities.clone(),
+                handshakes: socks.handshakes,
+                guesses: Guesses::default(),
+            }),
+            allow,
+            priorities,
+            metrics: metrics().service(name),
+            lane: Lane::default(),
+        }
+    }
 }
 
 /// Where the exit connects its streams.
@@ -91,17 +146,35 @@ pub async fn run_exit(
     meeting: Meeting,
     shutdown: Shutdown,
 ) -> ShutdownReport {
-    let serving = Arc::new(Serving {
+    let handshakes = options.socks.handshakes;
+    let service = ExitRun::new(
+        "default",
         destination,
-        socks: Arc::new(SocksServer {
-            credentials: options.socks.credentials,
-            allow: options.allow.clone(),
-            priorities: options.priorities.clone(),
-            handshakes: options.socks.handshakes,
-            guesses: Guesses::default(),
-        }),
-        allow: options.allow,
-        priorities: options.priorities,
+        options.allow.clone(),
+        options.priorities.clone(),
+        options.socks.clone(),
+    );
+    let services = Services::One(Arc::new(service));
+    run_exit_serving(
+        entry, services, &options, meeting, shutdown, None, handshakes,
+    )
+    .await
+}
+
+/// Runs the exit with `services`, as [`run_exit`] says; with a reloader, reloads the services
+/// of a config-mode exit on each signal.
+async fn run_exit_serving(
+    entry: Peer,
+    services: Services,
+    options: &ExitOptions,
+    meeting: Meeting,
+    shutdown: Shutdown,
+    mut reloader: Option<(Reloader, named::Running)>,
+    handshakes: Handshakes,
+) -> ShutdownReport {
+    let serving = Arc::new(Serving {
+        services,
+        handshakes,
         streams: Arc::new(Semaphore::new(options.limits.streams)),
         limits: options.limits,
     });
@@ -117,12 +190,15 @@ pub async fn run_exit(
                 Some(options.limits.sessions),
                 shutdown.clone(),
                 work.clone(),
-                move |_, session| {
+                move |number, session| {
                     let (serving, shutdown, work) =
                         (Arc::clone(&serving), shutdown_.clone(), work_.clone());
                     async move {
+                        metrics().connected();
+                        metrics().session_started(number, &session);
                         let (reason, streams) =
-                            serve_streams(session, &serving, &shutdown, &work).await;
+                            serve_streams(session.clone(), &serving, &shutdown, &work).await;
+                        metrics().session_ended(number, &session);
                         info!(%reason, streams, "entry disconnected");
                     }
                 },
@@ -130,12 +206,18 @@ pub async fn run_exit(
             tokio::spawn(tracked(connecting, accept))
         }
         Peer::Dial(addr) => {
-            let dialler = Dialler::new(addr, options.redial, meeting, "entry");
+            let dialler = Dialler::new(addr, options.redial.clone(), meeting, "entry");
             let dial = dial_entry(dialler, addr, serving, shutdown.clone(), work.clone());
             tokio::spawn(tracked(connecting, dial))
         }
     });
-    shutdown.begin.cancelled().await;
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.begin.cancelled() => break,
+            () = named::reload(&mut reloader, &shutdown, &work) => {}
+        }
+    }
     work.wind_down(&shutdown).await
 }
 
@@ -155,9 +237,12 @@ async fn dial_entry(
         };
         let span = info_span!("session", session = dialler.number);
         span.in_scope(|| info!(entry = %addr, "connected to the entry"));
-        let (reason, streams) = serve_streams(session, &serving, &shutdown, &work)
+        metrics().connected();
+        metrics().session_started(dialler.number, &session);
+        let (reason, streams) = serve_streams(session.clone(), &serving, &shutdown, &work)
             .instrument(span.clone())
             .await;
+        metrics().session_ended(dialler.number, &session);
         if shutdown.begin.is_cancelled() {
             return; // shutting down: no new connection (the drain has logged how it went)
         }
@@ -185,7 +270,7 @@ async fn serve_streams(
     let end = SessionEnd::default();
     let mut streams = 0u64;
     // This session's SOCKS5 handshake places: other sessions' streams cannot take them.
-    let socks_places = places(&serving.socks.handshakes);
+    let socks_places = places(&serving.handshakes);
     let mut refused = 0u64;
     loop {
         let accepted = tokio::select! {
@@ -207,6 +292,10 @@ async fn serve_streams(
         // at once (dropped, which resets it).
         let Ok(permit) = Arc::clone(&serving.streams).try_acquire_owned() else {
             refused += 1;
+            match &serving.services {
+                Services::One(service) => service.metrics.refused("max_streams"),
+                Services::Named(_) => metrics().refused("", "max_streams"),
+            }
             // The first, then one in a thousand: a flood of them is one line per thousand.
             if refused % 1000 == 1 {
                 span.in_scope(|| {
@@ -219,27 +308,64 @@ async fn serve_streams(
             }
             continue;
         };
-        let end = end.clone();
-        let forward = match serving.destination {
-            Destination::Fixed(target) => {
-                let allowed = serving.allow.allows(target);
-                stream.set_priority(serving.priorities.of(target));
-                Box::pin(forward(stream, end, target, allowed, permit))
-                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        let (end, places) = (end.clone(), Arc::clone(&socks_places));
+        let task = match &serving.services {
+            Services::One(service) => {
+                let serve = serve_service(stream, Arc::clone(service), end, places);
+                Box::pin(service.lane.carry(serve)) as Task
             }
-            Destination::Socks => {
-                let (server, places) = (Arc::clone(&serving.socks), Arc::clone(&socks_places));
-                Box::pin(async move {
-                    let _permit = permit;
-                    forward_socks(stream, end, server, places).await;
-                })
+            Services::Named(table) => {
+                let timeout = serving.handshakes.timeout;
+                Box::pin(named::serve_named(
+                    stream,
+                    Arc::clone(table),
+                    end,
+                    places,
+                    timeout,
+                ))
             }
         };
-        tokio::spawn(tracked(work.relays.track(), forward).instrument(span));
+        let task = async move {
+            let _permit = permit;
+            task.await;
+        };
+        tokio::spawn(tracked(work.relays.track(), task).instrument(span));
     }
     let reason = session.closed().await;
     end.ended.cancel();
     (reason, streams)
+}
+
+/// A stream's task.
+type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Serves one stream of `service`: connects it to the service's target, or to the one its
+/// SOCKS5 request names, and relays until both directions are done. Counted as one of the
+/// service's clients meanwhile. Each kind of service boxes only the future it needs: an idle
+/// stream of a fixed target holds nothing of the SOCKS5 handshake.
+fn serve_service(
+    stream: Stream,
+    service: Arc<ExitRun>,
+    end: SessionEnd,
+    places: Arc<Semaphore>,
+) -> Task {
+    let active = service.metrics.accepted();
+    match service.destination {
+        Destination::Fixed(target) => {
+            let allowed = service.allow.allows(target);
+            stream.set_priority(service.priorities.of(target));
+            let metrics = service.metrics.clone();
+            Box::pin(async move {
+                let _active = active;
+                forward(stream, end, target, allowed, &metrics).await;
+            })
+        }
+        Destination::Socks => Box::pin(async move {
+            let _active = active;
+            let server = Arc::clone(&service.socks);
+            forward_socks(stream, end, server, places, &service.metrics).await;
+        }),
+    }
 }
 
 /// Connects one stream to the target and relays until both directions are done. A target the
@@ -249,9 +375,10 @@ async fn forward(
     end: SessionEnd,
     target: SocketAddr,
     allowed: bool,
-    _permit: OwnedSemaphorePermit,
+    service: &ServiceMetrics,
 ) {
     if !allowed {
+        service.refused("not_allowed");
         warn!(%target, "the target is not allowed (--allow); closing the stream");
         let _ = stream.close().await;
         return;
@@ -265,11 +392,12 @@ async fn forward(
         Ok(socket) => socket,
         Err(error) => {
             // Close this stream only: its client is closed, the session goes on.
+            service.refused("target_unreachable");
             warn!(%target, %error, "cannot reach the target; closing the stream");
             let _ = stream.close().await;
             return;
         }
     };
     debug!("forwarding");
-    carry(socket, stream, &end).await;
+    carry_with(socket, stream, &end, Carried::at_exit(service)).await;
 }

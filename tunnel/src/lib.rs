@@ -17,7 +17,7 @@
 //! model) and by `gomux-tunnel --help`. This library is what it is made of, so that the tests
 //! can run both ends in one process on ephemeral ports and shut either down:
 //!
-//! - [`cli`]: the command line, and running what it asks for;
+//! - [`args`]: the command line, and [`cli`]: running what it asks for;
 //! - [`security`]: key pairs, fingerprints, and the pinned TLS verifiers;
 //! - [`config`]: the bounds the tunnel keeps, the allow-list, SOCKS5 credentials;
 //! - [`connect`]: dialling and accepting the connection between the ends, handshake first;
@@ -25,7 +25,10 @@
 //!   SOCKS5 exchanges it carries, to log the exit's refusals with the client's address;
 //! - [`relay`]: copying bytes between TCP and a stream, and the plain relay baseline;
 //! - [`drain`]: the two-step shutdown a signal fires;
-//! - [`logging`]: where the output goes, and why writing it never fails the process.
+//! - [`logging`]: where the output goes, and why writing it never fails the process;
+//! - [`settings`]: the config file (named services, a key for every flag), and [`preface`]:
+//!   how a stream names its service between two ends run from config files;
+//! - [`metrics`]: the figures an end keeps, and the endpoint that serves them.
 //!
 //! Beside them, the bounds a stranger meets: `admission` (the places of connections still in
 //! their handshake, or still silent at the entry), `refusals` (log lines summarised per
@@ -68,6 +71,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+pub mod args;
 pub mod cli;
 pub mod config;
 pub mod connect;
@@ -75,10 +79,14 @@ pub mod drain;
 pub mod entry;
 pub mod exit;
 pub mod logging;
+pub mod metrics;
 mod outage;
+pub mod preface;
 mod refusals;
 pub mod relay;
 pub mod security;
+mod services;
+pub mod settings;
 pub mod socks;
 mod socks_watch;
 mod turn_away;

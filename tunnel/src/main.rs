@@ -5,9 +5,10 @@
 use std::io;
 use std::process;
 
-use gomux_tunnel::cli::{parse_args, run, USAGE};
+use gomux_tunnel::cli::{parse_args, run, Command, USAGE};
 use gomux_tunnel::logging::{self, complain, say};
 use gomux_tunnel::Shutdown;
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 #[tokio::main]
@@ -41,9 +42,21 @@ async fn main() {
     });
     let shutdown = Shutdown::new(args.drain);
     tokio::spawn(shut_down_on_signals(signals, shutdown.clone()));
+    // An end run from a config file reloads it on SIGHUP; the others keep SIGHUP's default.
+    let (reload, reloads) = mpsc::channel(1);
+    if matches!(
+        args.command,
+        Command::EntryConfig { .. } | Command::ExitConfig { .. }
+    ) {
+        let hangups = hangups().unwrap_or_else(|error| {
+            complain(format_args!("gomux-tunnel: cannot handle SIGHUP: {error}"));
+            process::exit(1)
+        });
+        tokio::spawn(reload_on_hangups(hangups, reload));
+    }
 
     // Runs until the work fails, or a signal has shut it down.
-    if let Err(problem) = run(args, shutdown).await {
+    if let Err(problem) = run(args, shutdown, reloads).await {
         complain(format_args!("gomux-tunnel: {problem}"));
         process::exit(1);
     }
@@ -65,6 +78,36 @@ async fn shut_down_on_signals(mut signals: Signals, shutdown: Shutdown) {
     let signal = signals.next().await;
     warn!(signal, "exiting at once");
     process::exit(130);
+}
+
+/// SIGHUP, installed (on Unix) before anything starts: from then on it no longer ends the
+/// process.
+#[cfg(unix)]
+fn hangups() -> io::Result<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    signal(SignalKind::hangup())
+}
+
+/// Elsewhere there is no SIGHUP: nothing to install.
+#[cfg(not(unix))]
+fn hangups() -> io::Result<()> {
+    Ok(())
+}
+
+/// Asks for a reload of the config file on each SIGHUP. Signals that come while one is
+/// pending are one reload: it reads the file as it is by then.
+#[cfg(unix)]
+async fn reload_on_hangups(mut hangups: tokio::signal::unix::Signal, reload: mpsc::Sender<()>) {
+    while hangups.recv().await.is_some() {
+        let _ = reload.try_send(());
+    }
+}
+
+/// Elsewhere no reload is ever asked for.
+#[cfg(not(unix))]
+async fn reload_on_hangups((): (), reload: mpsc::Sender<()>) {
+    let _keep = reload;
+    std::future::pending::<()>().await;
 }
 
 /// The signals that shut the tunnel down: SIGINT (Ctrl-C) and SIGTERM (what service managers

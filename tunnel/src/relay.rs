@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use gomux::stream::Stopped;
 use gomux::{Error, Stream};
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,10 @@ use tracing::{debug, info_span, warn, Instrument};
 
 use crate::config::{ACCEPT_RETRY, DELIVERY_GRACE, TARGET_CONNECT_TIMEOUT};
 use crate::drain::{tracked, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::logging::say;
+use crate::metrics::metrics;
+use crate::metrics::ServiceMetrics;
+use crate::preface;
 
 /// Runs a plain TCP relay: every connection accepted on `listener` gets its own connection to
 /// `target`, and bytes are copied both ways exactly as the tunnel's ends copy them, half-closes
@@ -49,7 +54,7 @@ pub async fn run_relay(
                 () = cut.cancelled() => return,
             };
             match connected {
-                Ok(socket) => bridge(client, socket, cut.cancelled()).await,
+                Ok(socket) => bridge(client, socket, cut.cancelled(), [None, None]).await,
                 Err(error) => warn!(%target, %error, "cannot reach the target"),
             }
         };
@@ -86,6 +91,49 @@ pub async fn carry<T>(tcp: T, stream: Stream, end: &SessionEnd)
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
+    carry_with(tcp, stream, end, Carried::default()).await;
+}
+
+/// What a relay counts, and whether its stream starts with the exit's answer to a preface.
+#[derive(Default)]
+pub struct Carried {
+    /// Counts the bytes read from the TCP side and written to the stream.
+    pub from_tcp: Option<Counter>,
+    /// Counts the bytes read from the stream and written to the TCP side.
+    pub to_tcp: Option<Counter>,
+    /// At a config-mode entry: the service the stream's preface named, whose answer the
+    /// stream starts with (see `preface`).
+    pub answer_of: Option<String>,
+}
+
+impl Carried {
+    /// What a relay of the entry counts for `service`: its TCP side is the client. With
+    /// `answer_of`, the stream starts with the exit's answer to its preface.
+    pub fn at_entry(service: &ServiceMetrics, answer_of: Option<String>) -> Carried {
+        Carried {
+            from_tcp: Some(service.to_target.clone()),
+            to_tcp: Some(service.to_client.clone()),
+            answer_of,
+        }
+    }
+
+    /// What a relay of the exit counts for `service`: its TCP side is the target.
+    pub fn at_exit(service: &ServiceMetrics) -> Carried {
+        Carried {
+            from_tcp: Some(service.to_client.clone()),
+            to_tcp: Some(service.to_target.clone()),
+            answer_of: None,
+        }
+    }
+}
+
+/// As [`carry`], counting the bytes each way, and at a config-mode entry taking the exit's
+/// answer to the stream's preface first: a stream the exit refuses closes the client, and is
+/// logged with the service's name.
+pub async fn carry_with<T>(tcp: T, stream: Stream, end: &SessionEnd, carried: Carried)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
     let stop = async {
         tokio::select! {
             () = async {
@@ -96,7 +144,15 @@ where
         }
     };
     let tcp = UntilEnded::new(tcp, end.ended.clone());
-    bridge(tcp, EndsWhenPeerCloses(stream), stop).await;
+    let stream = EndsWhenPeerCloses {
+        stream,
+        answer: carried.answer_of.map(|service| Answer {
+            service,
+            got: [0; 2],
+            filled: 0,
+        }),
+    };
+    bridge(tcp, stream, stop, [carried.from_tcp, carried.to_tcp]).await;
 }
 
 /// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
@@ -109,12 +165,16 @@ where
 /// A relay holds no buffer while nothing moves: each read borrows one from a shared pool and
 /// gives it back once its bytes are written (see `copy`), so an idle client costs the tunnel
 /// its sockets and the stream's state, not buffers.
-async fn bridge<A, B>(mut tcp: A, mut stream: B, stop: impl Future<Output = ()>)
-where
+async fn bridge<A, B>(
+    mut tcp: A,
+    mut stream: B,
+    stop: impl Future<Output = ()>,
+    counters: [Option<Counter>; 2],
+) where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let relay = copy::copy_both_ways(&mut tcp, &mut stream);
+    let relay = copy::copy_both_ways(&mut tcp, &mut stream, counters);
     tokio::select! {
         result = relay => match result {
             Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
@@ -196,7 +256,62 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for UntilEnded<T> {
 /// The session tells how the other end stopped ([`Stream::peer_stopped`]); a refusal (the
 /// other end is shutting down, or its accept backlog was full) is logged, since it says why
 /// the client was turned away.
-struct EndsWhenPeerCloses(Stream);
+///
+/// At a config-mode entry, it first takes the exit's two-byte answer to the stream's preface
+/// (see `preface`), which the client never sees: a refusal ends the relay with an error,
+/// logged with the service's name.
+struct EndsWhenPeerCloses {
+    stream: Stream,
+    answer: Option<Answer>,
+}
+
+/// The exit's answer to a preface, as far as it has come.
+struct Answer {
+    service: String,
+    got: [u8; 2],
+    filled: usize,
+}
+
+impl Answer {
+    /// Reads the rest of the answer: `Ready(Ok(true))` once it has come and says the exit
+    /// relays the stream, `Ready(Ok(false))` when the stream ended first.
+    fn poll_take(&mut self, cx: &mut Context<'_>, stream: &mut Stream) -> Poll<io::Result<bool>> {
+        while self.filled < self.got.len() {
+            let mut read = ReadBuf::new(&mut self.got[self.filled..]);
+            ready!(Pin::new(&mut *stream).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                return Poll::Ready(Ok(false));
+            }
+            self.filled += n;
+        }
+        let service = &self.service;
+        match self.got {
+            [preface::MAGIC, preface::ACCEPTED] => Poll::Ready(Ok(true)),
+            [preface::MAGIC, preface::UNKNOWN] => {
+                metrics().refused(service, "unknown_service");
+                warn!(%service, "the exit has no such service; closing the client");
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!("the exit has no service {service:?}"),
+                )))
+            }
+            got => {
+                metrics().refused(service, "no_answer");
+                warn!(
+                    %service,
+                    answer = ?got,
+                    "the exit did not answer the service preface (is it run with flags rather \
+                     than --config? the two modes do not mix); closing the client"
+                );
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the exit did not answer the service preface",
+                )))
+            }
+        }
+    }
+}
 
 impl AsyncRead for EndsWhenPeerCloses {
     fn poll_read(
@@ -204,7 +319,13 @@ impl AsyncRead for EndsWhenPeerCloses {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let stream = &mut self.get_mut().0;
+        let this = self.get_mut();
+        let stream = &mut this.stream;
+        if let Some(answer) = &mut this.answer {
+            if ready!(answer.poll_take(cx, stream))? {
+                this.answer = None;
+            }
+        }
         let before = buf.filled().len();
         ready!(Pin::new(&mut *stream).poll_read(cx, buf))?;
         let end_of_data = buf.filled().len() == before && buf.remaining() > 0;
@@ -240,16 +361,16 @@ impl AsyncWrite for EndsWhenPeerCloses {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let result = ready!(Pin::new(&mut self.get_mut().0).poll_flush(cx));
+        let result = ready!(Pin::new(&mut self.get_mut().stream).poll_flush(cx));
         Poll::Ready(done_if_session_ended(result))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let result = ready!(Pin::new(&mut self.get_mut().0).poll_shutdown(cx));
+        let result = ready!(Pin::new(&mut self.get_mut().stream).poll_shutdown(cx));
         Poll::Ready(done_if_session_ended(result))
     }
 }
@@ -262,6 +383,29 @@ fn done_if_session_ended(result: io::Result<()>) -> io::Result<()> {
         Err(error) if Error::from_io(&error).is_some_and(Error::is_session_end) => Ok(()),
         other => other,
     }
+}
+
+/// Binds `addr`, and prints `listening NAME ADDR` with the address bound.
+pub(crate) async fn bind(addr: &str, name: &str) -> Result<TcpListener, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    // Whoever started us may not read it; that is no reason to stop.
+    say(format_args!("listening {name} {bound}"));
+    Ok(listener)
+}
+
+/// Resolves a `host:port` once at start-up; the tunnel then always dials that address.
+pub(crate) async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut found = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
 }
 
 /// Dials `addr` with Nagle's algorithm off, giving up after `limit`.

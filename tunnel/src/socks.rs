@@ -24,7 +24,8 @@ use crate::config::{
 };
 use crate::drain::SessionEnd;
 use crate::logging::Escaped;
-use crate::relay::carry;
+use crate::metrics::ServiceMetrics;
+use crate::relay::{carry_with, Carried};
 
 /// The longest SOCKS5 reply: 4 bytes of header, an IPv6 address and a port.
 const SOCKS_REPLY_MAX: usize = 4 + 16 + 2;
@@ -110,6 +111,7 @@ pub(crate) async fn forward_socks(
     end: SessionEnd,
     server: Arc<SocksServer>,
     places: Arc<Semaphore>,
+    service: &ServiceMetrics,
 ) {
     let mut stream = WholeWrites::new(stream);
     match tokio::time::timeout(GREETING_TIMEOUT, stream.read_ahead()).await {
@@ -189,6 +191,7 @@ pub(crate) async fn forward_socks(
     let socket = match connected {
         Ok(socket) => socket,
         Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            service.refused("not_allowed");
             warn!(requested = %shown, "the requested address is not allowed (--allow); refusing");
             let _ = socks.reply_error(&ReplyError::ConnectionNotAllowed).await;
             return;
@@ -224,7 +227,7 @@ pub(crate) async fn forward_socks(
     if !sent_on.is_empty() && socket.write_all(&sent_on).await.is_err() {
         return;
     }
-    carry(socket, stream, &end).await;
+    carry_with(socket, stream, &end, Carried::at_exit(service)).await;
 }
 
 /// A gomux stream whose writes are never partial, for `fast_socks5`: it sends each of its

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::config::COPY_BUFFER;
@@ -47,18 +48,31 @@ fn give_back(buffer: Box<[u8]>) {
 
 /// Copies between `a` and `b` both ways until each direction has reached end-of-file and shut
 /// its writer down, and returns how many bytes went each way (`a` to `b`, then `b` to `a`).
+/// The bytes of each write are also added to `counters` (`a` to `b`, then `b` to `a`), when
+/// given: one atomic addition per chunk.
 ///
 /// # Errors
 ///
 /// The first error of a read, a write, a flush or a shutdown on either side, which ends both
 /// directions; `WriteZero` when a writer takes no bytes.
-pub(crate) async fn copy_both_ways<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
+pub(crate) async fn copy_both_ways<A, B>(
+    a: &mut A,
+    b: &mut B,
+    counters: [Option<Counter>; 2],
+) -> io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    let mut a_to_b = Direction::default();
-    let mut b_to_a = Direction::default();
+    let [there, back] = counters;
+    let mut a_to_b = Direction {
+        counter: there,
+        ..Direction::default()
+    };
+    let mut b_to_a = Direction {
+        counter: back,
+        ..Direction::default()
+    };
     poll_fn(|cx| {
         let there = a_to_b.poll_copy(cx, Pin::new(&mut *a), Pin::new(&mut *b))?;
         let back = b_to_a.poll_copy(cx, Pin::new(&mut *b), Pin::new(&mut *a))?;
@@ -83,6 +97,8 @@ struct Direction {
     done: bool,
     /// Bytes written so far.
     copied: u64,
+    /// Also counts the bytes written, for the metrics.
+    counter: Option<Counter>,
 }
 
 /// A lent buffer and the part of it still to write.
@@ -123,6 +139,9 @@ impl Direction {
                 }
                 held.start += written;
                 self.copied += written as u64;
+                if let Some(counter) = &self.counter {
+                    counter.inc_by(written as u64);
+                }
                 self.unflushed = true;
                 if held.start == held.end {
                     if let Some(held) = self.held.take() {
@@ -188,8 +207,9 @@ mod tests {
     async fn copies_both_ways_with_backpressure_and_half_closes() {
         let (mut left, mut left_relay) = tokio::io::duplex(512);
         let (mut right_relay, mut right) = tokio::io::duplex(512);
-        let relay =
-            tokio::spawn(async move { copy_both_ways(&mut left_relay, &mut right_relay).await });
+        let relay = tokio::spawn(async move {
+            copy_both_ways(&mut left_relay, &mut right_relay, [None, None]).await
+        });
         let there: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let back: Vec<u8> = (0..150_000u32).map(|i| (i % 241) as u8).collect();
 
@@ -224,8 +244,9 @@ mod tests {
         let (mut left, mut left_relay) = tokio::io::duplex(512);
         let (mut right_relay, right) = tokio::io::duplex(512);
         drop(right); // writes to `right_relay` fail from now on
-        let relay =
-            tokio::spawn(async move { copy_both_ways(&mut left_relay, &mut right_relay).await });
+        let relay = tokio::spawn(async move {
+            copy_both_ways(&mut left_relay, &mut right_relay, [None, None]).await
+        });
         left.write_all(b"nowhere to go").await.expect("write");
         let result = tokio::time::timeout(std::time::Duration::from_secs(20), relay)
             .await
