@@ -39,6 +39,9 @@
 //! connection is carried until both of its directions have ended; an end is passed on as a
 //! half-close.
 
+// Each bench that uses the link takes the shapes it needs.
+#![allow(dead_code)]
+
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
