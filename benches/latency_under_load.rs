@@ -48,7 +48,7 @@
 //! the server writes its bulk byte count into the next 8 before echoing it.
 //!
 //! Run without `--bench` (as `cargo test --benches` does), it makes a short check of every mode
-//! on the first link instead, and says so. The `go` mode is skipped, with the reason, when the Go
+//! on the first link, through each relay, instead, and says so. The `go` mode is skipped, with the reason, when the Go
 //! peer cannot be built (a failure under `GOMUX_REQUIRE_GO=1`).
 
 #[path = "../tests/interop/go_peer.rs"]
@@ -294,9 +294,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
         warmup: Duration::from_secs(1),
     };
     if !measuring {
-        println!("# a short check of every mode on the first link (run with --bench to measure)");
+        println!(
+            "# a short check of every mode on the first link, through each relay \
+             (run with --bench to measure)"
+        );
         options.links.truncate(1);
-        options.relays.truncate(1);
         options.window = Duration::from_secs(1);
         options.warmup = Duration::from_millis(200);
     }
