@@ -3,13 +3,20 @@
 //!
 //! ```text
 //! cargo bench --features tcp --bench latency_under_load -- [--quick] [--seconds S]
-//!     [--modes gomux,tcp,go,yamux] [--links 100/10,20/20] [--lowat off,16K]
+//!     [--modes gomux,tcp,go,yamux] [--links 100/10,20/20] [--relays queue,reads]
+//!     [--lowat off,conf]
 //! ```
 //!
 //! Every run goes through a userspace relay of this process (`support/link.rs`) that emulates
-//! a bottleneck shared by every connection through it: a serial line of R Mbit/s each way, a
-//! one-way delay, and a 16 KiB queue in front of the line. The links are given as `R/D` (Mbit/s
-//! and milliseconds each way); the defaults are 100 Mbit/s with 10 ms and 20 Mbit/s with 20 ms.
+//! a bottleneck shared by every connection through it: a serial line of R Mbit/s each way and a
+//! one-way delay. The links are given as `R/D` (Mbit/s and milliseconds each way); the defaults
+//! are 100 Mbit/s with 10 ms and 20 Mbit/s with 20 ms. `--relays` lists the ways the relay takes
+//! bytes from its connections, each link run with each:
+//!
+//! - `queue`: a 16 KiB queue in front of the line, read into only while it has room, 8 KiB
+//!   receive buffers on the relay's sockets;
+//! - `reads`: a relay as an application would write one: 16 KiB receive buffers, reads of up
+//!   to 16 KiB handed to the line one at a time per connection, no queue but the line.
 //!
 //! Modes, each on its own connection(s) through a fresh relay:
 //!
@@ -20,23 +27,28 @@
 //! - `go`: Go gomux, `gomux-go-peer bench loaded` (tests/interop/go) as client and server;
 //! - `yamux`: yamux 0.13 over one TCP connection, the benches' configuration.
 //!
-//! `--lowat` lists the settings of `TCP_NOTSENT_LOWAT` on the sender's sockets to run each mode
-//! with: `off` (the kernel's default: as many unsent bytes as the send buffer holds) or a size
-//! (set with `gomux::tcp::set_notsent_lowat`, or the Go peer's `-notsent-lowat`). The default is
-//! `off,16K`. The `idle` row runs once per link, without it.
+//! `--lowat` lists the settings of the client's sockets (the sender of the bulk) to run each
+//! mode with, the same for every mode: `off` (Nagle off only; the kernel's default for
+//! `TCP_NOTSENT_LOWAT`: as many unsent bytes as the send buffer holds), `conf`
+//! (`gomux::tcp::configure`: Nagle off and `TCP_NOTSENT_LOWAT` at `gomux::tcp::NOTSENT_LOWAT`)
+//! or a size (Nagle off and `TCP_NOTSENT_LOWAT` at that size, set with
+//! `gomux::tcp::set_notsent_lowat`, or the Go peer's `-notsent-lowat`). The default is
+//! `off,conf`. The `idle` row runs once per link and relay, with `off`.
 //!
 //! Each row sends bulk for a warm-up second (half a second with `--quick`), then pings for `S`
 //! seconds (default 10, 3 with `--quick`), then waits for the last echo. It prints the pings'
 //! round-trip p50 and p99 (nearest rank) and the bulk rate the receiver saw over the window
 //! (from the receiver's byte count, which the server writes into every echo). Rows go to
-//! stdout, whitespace-separated after a `#` header; progress goes to stderr.
+//! stdout, whitespace-separated after a `#` header; progress goes to stderr. After each link
+//! and relay, a `# ratio` line per multiplexer and setting sets its p50, p99 and bulk rate
+//! beside those of `tcp` with the same setting, from the same run.
 //!
 //! The wire of the measurement is the same in every mode (see `bench_loaded.go`): each stream
 //! starts with a byte, `p` or `b`; a ping is 64 bytes, its first 8 the client's send time, and
 //! the server writes its bulk byte count into the next 8 before echoing it.
 //!
 //! Run without `--bench` (as `cargo test --benches` does), it makes a short check of every mode
-//! on the first link instead, and says so. The `go` mode is skipped, with the reason, when the Go
+//! on the first link, through each relay, instead, and says so. The `go` mode is skipped, with the reason, when the Go
 //! peer cannot be built (a failure under `GOMUX_REQUIRE_GO=1`).
 
 #[path = "../tests/interop/go_peer.rs"]
@@ -59,7 +71,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use link::Link;
+use link::{Link, Shape};
 
 /// Bytes of every ping and of its echo.
 const PING: usize = 64;
@@ -73,10 +85,13 @@ const QUEUE: usize = 16 * 1024;
 const ECHO_WAIT: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "\
-usage: latency_under_load [--quick] [--seconds S] [--modes LIST] [--links LIST] [--lowat LIST]
+usage: latency_under_load [--quick] [--seconds S] [--modes LIST] [--links LIST] [--relays LIST]
+    [--lowat LIST]
   --modes: among gomux, tcp, go, yamux (default all four)
   --links: R/D pairs, Mbit/s and ms each way (default 100/10,20/20)
-  --lowat: TCP_NOTSENT_LOWAT settings of the sender: off or a size like 16K (default off,16K)";
+  --relays: among queue, reads (default both)
+  --lowat: the client's socket settings: off, conf (gomux::tcp::configure) or a
+           TCP_NOTSENT_LOWAT size like 16K (default off,conf)";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -99,10 +114,48 @@ impl Mode {
     }
 }
 
+/// The client's socket settings, beside Nagle off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lowat {
+    /// The kernel's default `TCP_NOTSENT_LOWAT`.
+    Off,
+    /// `gomux::tcp::configure`.
+    Configure,
+    /// `TCP_NOTSENT_LOWAT` at this many bytes.
+    Bytes(u32),
+}
+
+impl Lowat {
+    fn label(self) -> String {
+        match self {
+            Lowat::Off => "off".into(),
+            Lowat::Configure => "conf".into(),
+            Lowat::Bytes(bytes) => bytes.to_string(),
+        }
+    }
+
+    /// The bytes of `TCP_NOTSENT_LOWAT` it sets, if any.
+    fn bytes(self) -> Option<u32> {
+        match self {
+            Lowat::Off => None,
+            Lowat::Configure => Some(gomux::tcp::NOTSENT_LOWAT),
+            Lowat::Bytes(bytes) => Some(bytes),
+        }
+    }
+}
+
+fn shape_name(shape: Shape) -> &'static str {
+    match shape {
+        Shape::Queue => "queue",
+        Shape::Reads => "reads",
+    }
+}
+
 struct Options {
     modes: Vec<Mode>,
     links: Vec<(u64, u64)>,
-    lowats: Vec<Option<u32>>,
+    relays: Vec<Shape>,
+    lowats: Vec<Lowat>,
     window: Duration,
     warmup: Duration,
 }
@@ -140,44 +193,56 @@ fn main() {
     } else {
         None
     };
-    println!("# link       mode    lowat   pings   p50_ms   p99_ms  bulk_MiB/s");
+    println!(
+        "# gomux::tcp::NOTSENT_LOWAT = {} (lowat conf)",
+        gomux::tcp::NOTSENT_LOWAT
+    );
+    println!("# link       relay mode    lowat   pings   p50_ms   p99_ms  bulk_MiB/s");
     let mut failed = false;
     for &(mbit, delay_ms) in &options.links {
-        let link = Link::new(mbit, delay_ms, QUEUE);
-        let label = format!("{mbit}M/{delay_ms}ms");
-        let mut rows = vec![(Mode::Idle, None)];
-        for &mode in &options.modes {
-            if mode == Mode::Go && go.is_none() {
-                continue;
+        for &shape in &options.relays {
+            let link = Link::new(mbit, delay_ms, QUEUE).shaped(shape);
+            let label = format!("{mbit}M/{delay_ms}ms");
+            let relay = shape_name(shape);
+            let mut rows = vec![(Mode::Idle, Lowat::Off)];
+            for &mode in &options.modes {
+                if mode == Mode::Go && go.is_none() {
+                    continue;
+                }
+                rows.extend(options.lowats.iter().map(|&lowat| (mode, lowat)));
             }
-            rows.extend(options.lowats.iter().map(|&lowat| (mode, lowat)));
-        }
-        for (mode, lowat) in rows {
-            let lowat_label = lowat.map_or("off".to_string(), |bytes| bytes.to_string());
-            eprintln!("{label} {} lowat {lowat_label}...", mode.name());
-            let result = match (mode, &go) {
-                (Mode::Go, Some(binary)) => run_go(binary, link, lowat, &options),
-                _ => run_rust(mode, link, lowat, &options),
-            };
-            match result {
-                Ok(outcome) => println!(
-                    "{label:<12} {:<7} {lowat_label:>5} {:>7} {:>8.1} {:>8.1} {:>11}",
-                    mode.name(),
-                    outcome.pings,
-                    millis(outcome.p50),
-                    millis(outcome.p99),
-                    outcome
-                        .bulk
-                        .map_or("-".to_string(), |rate| format!("{rate:.2}")),
-                ),
-                Err(error) => {
-                    failed = true;
-                    println!(
-                        "# {label} {} lowat {lowat_label}: failed: {error}",
-                        mode.name()
-                    );
+            let mut outcomes = Vec::new();
+            for (mode, lowat) in rows {
+                let lowat_label = lowat.label();
+                eprintln!("{label} {relay} {} lowat {lowat_label}...", mode.name());
+                let result = match (mode, &go) {
+                    (Mode::Go, Some(binary)) => run_go(binary, link, lowat, &options),
+                    _ => run_rust(mode, link, lowat, &options),
+                };
+                match result {
+                    Ok(outcome) => {
+                        println!(
+                            "{label:<12} {relay:<5} {:<7} {lowat_label:>5} {:>7} {:>8.1} {:>8.1} {:>11}",
+                            mode.name(),
+                            outcome.pings,
+                            millis(outcome.p50),
+                            millis(outcome.p99),
+                            outcome
+                                .bulk
+                                .map_or("-".to_string(), |rate| format!("{rate:.2}")),
+                        );
+                        outcomes.push((mode, lowat, outcome));
+                    }
+                    Err(error) => {
+                        failed = true;
+                        println!(
+                            "# {label} {relay} {} lowat {lowat_label}: failed: {error}",
+                            mode.name()
+                        );
+                    }
                 }
             }
+            print_ratios(&label, relay, &outcomes);
         }
     }
     if failed {
@@ -189,18 +254,50 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
 }
 
+/// Each multiplexer's row beside the `tcp` row of the same setting: p50, p99 and bulk rate as
+/// ratios to those of `tcp`.
+fn print_ratios(label: &str, relay: &str, outcomes: &[(Mode, Lowat, Outcome)]) {
+    for (mode, lowat, outcome) in outcomes {
+        if matches!(mode, Mode::Idle | Mode::Tcp) {
+            continue;
+        }
+        let Some((_, _, tcp)) = outcomes
+            .iter()
+            .find(|(other, setting, _)| *other == Mode::Tcp && setting == lowat)
+        else {
+            continue;
+        };
+        let ratio = |ours: Duration, theirs: Duration| ours.as_secs_f64() / theirs.as_secs_f64();
+        let bulk = match (outcome.bulk, tcp.bulk) {
+            (Some(ours), Some(theirs)) if theirs > 0.0 => format!("{:.3}", ours / theirs),
+            _ => "-".to_string(),
+        };
+        println!(
+            "# ratio {label} {relay} {}/tcp lowat {}: p50 {:.3} p99 {:.3} bulk {bulk}",
+            mode.name(),
+            lowat.label(),
+            ratio(outcome.p50, tcp.p50),
+            ratio(outcome.p99, tcp.p99),
+        );
+    }
+}
+
 fn parse(args: &[String]) -> Result<Options, String> {
     // `cargo bench` passes --bench; without it this is a quick check under `cargo test`.
     let measuring = args.iter().any(|arg| arg == "--bench");
     let mut options = Options {
         modes: vec![Mode::Gomux, Mode::Tcp, Mode::Go, Mode::Yamux],
         links: vec![(100, 10), (20, 20)],
-        lowats: vec![None, Some(16 * 1024)],
+        relays: vec![Shape::Queue, Shape::Reads],
+        lowats: vec![Lowat::Off, Lowat::Configure],
         window: Duration::from_secs(10),
         warmup: Duration::from_secs(1),
     };
     if !measuring {
-        println!("# a short check of every mode on the first link (run with --bench to measure)");
+        println!(
+            "# a short check of every mode on the first link, through each relay \
+             (run with --bench to measure)"
+        );
         options.links.truncate(1);
         options.window = Duration::from_secs(1);
         options.warmup = Duration::from_millis(200);
@@ -257,12 +354,23 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
+            "--relays" => {
+                options.relays = value
+                    .split(',')
+                    .map(|name| match name {
+                        "queue" => Ok(Shape::Queue),
+                        "reads" => Ok(Shape::Reads),
+                        _ => Err(format!("unknown relay {name}")),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             "--lowat" => {
                 options.lowats = value
                     .split(',')
                     .map(|setting| match setting {
-                        "off" => Ok(None),
-                        size => parse_size(size).map(Some),
+                        "off" => Ok(Lowat::Off),
+                        "conf" => Ok(Lowat::Configure),
+                        size => parse_size(size).map(Lowat::Bytes),
                     })
                     .collect::<Result<_, _>>()?;
             }
@@ -294,7 +402,7 @@ fn parse_size(text: &str) -> Result<u32, String> {
 /// One row of a Rust mode: the server on a loopback port, the relay in front of it, the client
 /// through the relay; all of it on a runtime of the row's own, dropped at the end with every
 /// task on it.
-fn run_rust(mode: Mode, link: Link, lowat: Option<u32>, options: &Options) -> io::Result<Outcome> {
+fn run_rust(mode: Mode, link: Link, lowat: Lowat, options: &Options) -> io::Result<Outcome> {
     let rt = support::runtime();
     let (window, warmup) = (options.window, options.warmup);
     rt.block_on(async move {
@@ -348,12 +456,17 @@ fn run_rust(mode: Mode, link: Link, lowat: Option<u32>, options: &Options) -> io
     })
 }
 
-/// A client connection through the relay, Nagle off, with `TCP_NOTSENT_LOWAT` if asked.
-async fn dial(relay: SocketAddr, lowat: Option<u32>) -> io::Result<TcpStream> {
+/// A client connection through the relay, Nagle off, with `TCP_NOTSENT_LOWAT` as `lowat` says:
+/// the same in every mode.
+async fn dial(relay: SocketAddr, lowat: Lowat) -> io::Result<TcpStream> {
     let socket = TcpStream::connect(relay).await?;
-    socket.set_nodelay(true)?;
-    if let Some(bytes) = lowat {
-        gomux::tcp::set_notsent_lowat(&socket, bytes)?;
+    match lowat {
+        Lowat::Off => socket.set_nodelay(true)?,
+        Lowat::Configure => gomux::tcp::configure(&socket)?,
+        Lowat::Bytes(bytes) => {
+            socket.set_nodelay(true)?;
+            gomux::tcp::set_notsent_lowat(&socket, bytes)?;
+        }
     }
     Ok(socket)
 }
@@ -500,7 +613,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
 fn run_go(
     binary: &std::path::Path,
     link: Link,
-    lowat: Option<u32>,
+    lowat: Lowat,
     options: &Options,
 ) -> io::Result<Outcome> {
     let fail = |what: &str, error: String| io::Error::other(format!("{what}: {error}"));
@@ -522,7 +635,7 @@ fn run_go(
         "-warmup".into(),
         options.warmup.as_secs_f64().to_string(),
     ];
-    if let Some(bytes) = lowat {
+    if let Some(bytes) = lowat.bytes() {
         args.extend(["-notsent-lowat".to_string(), bytes.to_string()]);
     }
     let mut client = go_peer::GoPeer::spawn(binary, &args)?;

@@ -315,16 +315,21 @@ def loaded_section(run):
         run, "Latency under load over an emulated link",
         ["A 64-byte ping every 10 ms on one stream, echoed, while another stream of the same",
          "session sends 64 KiB writes as fast as it can, through a relay that emulates a shared",
-         "serial link (R Mbit/s, D ms each way, a 16 KiB queue). `idle` is the pings alone on",
-         "plain TCP; `tcp` is two plain TCP connections; `lowat` is the sender's",
-         "`TCP_NOTSENT_LOWAT` (`off`: the kernel's default). Round trips in ms, the bulk rate",
-         "the receiver saw in MiB/s:"],
+         "serial link (R Mbit/s, D ms each way). The relay is `queue` (a 16 KiB queue in front",
+         "of the line, 8 KiB receive buffers) or `reads` (16 KiB receive buffers, reads of up to",
+         "16 KiB put on the line one at a time per connection, no other queue). `idle` is the",
+         "pings alone on plain TCP; `tcp` is two plain TCP connections; `lowat` is the client's",
+         "`TCP_NOTSENT_LOWAT` (`off`: the kernel's default; `conf`: `gomux::tcp::configure`).",
+         "Round trips in ms, the bulk rate the receiver saw in MiB/s, and each multiplexer's",
+         "figures as ratios to `tcp`'s of the same run:"],
         ["loaded"],
     )
-    bench_table(run, "loaded", ["link", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"],
-                ["---", "---", "--:", "--:", "--:", "--:", "--:"], text,
-                lambda cells: cells if len(cells) == 7 else None,
-                lambda line: "skipped" in line or "failed" in line)
+    bench_table(run, "loaded",
+                ["link", "relay", "mode", "lowat", "pings", "p50", "p99", "bulk MiB/s"],
+                ["---", "---", "---", "--:", "--:", "--:", "--:", "--:"], text,
+                lambda cells: cells if len(cells) == 8 else None,
+                lambda line: ("skipped" in line or "failed" in line or "ratio" in line
+                              or "NOTSENT_LOWAT" in line))
 
 
 def shares_section(run):

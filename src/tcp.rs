@@ -20,9 +20,12 @@
 //! What it changes over an emulated slow link, ping latency beside a bulk stream of the same
 //! session with and without it, is in BENCHMARKS.md ("Latency under load over an emulated
 //! link"; `cargo bench --features tcp --bench latency_under_load`). The session's own scheduler
-//! lets a ping pass the bulk queued in the session; what is left is what the kernel holds (with
-//! the option, at most about 16 KiB unsent) and the batch the session's writer has in hand
-//! (about what the socket took at its last write). The bulk stream keeps the link's rate.
+//! lets a ping pass the bulk queued in the session; what is left is what the kernel holds
+//! unsent (with the option, what it had when it last had room, below [`NOTSENT_LOWAT`], plus
+//! the write it took then: Linux takes a whole write, and appends small writes to a packet not
+//! yet sent, while it has room), what the path holds, and the batch the session's writer has in
+//! hand (a quarter of what the socket took between its last two push-backs, at least 4 KiB).
+//! The bulk stream keeps the link's rate.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -48,9 +51,12 @@ use std::io;
 
 use tokio::net::TcpStream;
 
-/// The `TCP_NOTSENT_LOWAT` that [`configure`] sets: 16 KiB, a few packets, enough that the
-/// kernel never waits for the application on a fast path.
-pub const NOTSENT_LOWAT: u32 = 16 * 1024;
+/// The `TCP_NOTSENT_LOWAT` that [`configure`] sets: 4 KiB, a few packets. The socket then
+/// wakes its writer when fewer than 2 KiB are unsent (Linux wakes a waiting writer below half
+/// the setting), and each write it takes goes on top of those, so the kernel still has the
+/// writer's next batch before it runs out on a fast path, while a slow one holds little in
+/// front of the next frame.
+pub const NOTSENT_LOWAT: u32 = 4 * 1024;
 
 /// Turns Nagle's algorithm off and sets `TCP_NOTSENT_LOWAT` to [`NOTSENT_LOWAT`] on `stream`:
 /// the settings for a connection a session runs on.

@@ -110,7 +110,7 @@ const DEFAULT_BUDGET: u64 = 64 * 1024 * 1024;
 /// `session::core::send_queue`): a batch's smallest budget, the smallest piece a cut frame
 /// sends, a turn of the round robin, and how often the driver finds a grant of room unclaimed
 /// before it voids it.
-const MIN_BUDGET: u64 = 8 * 1024;
+const MIN_BUDGET: u64 = 4 * 1024;
 const MIN_CUT: u64 = 1024;
 const QUANTUM: u64 = 32 * 1024;
 const GRANT_PATIENCE: u32 = 16;

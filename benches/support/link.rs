@@ -1,33 +1,46 @@
 //! An emulated network link for the benches: a userspace TCP relay whose two directions are each
-//! a serial line of a given rate, with a one-way delay and a queue of a given size in front of
-//! the line, shared by every connection through the relay, like the bottleneck of a real path.
+//! a serial line of a given rate, with a one-way delay, shared by every connection through the
+//! relay, like the bottleneck of a real path. How the relay takes bytes from its connections is
+//! the link's [`Shape`]:
 //!
-//! Bytes a connection sends through [`Relay::addr`] are read by the relay only while the line's
-//! queue has room; each byte then waits for the bytes queued before it (from any connection) to
-//! be serialised at the rate, takes its own serialisation time, and arrives `delay` later at the
-//! relay's connection to the target. A sender that outpaces the line therefore fills its own
-//! socket's buffer, as it would behind a real bottleneck (without the packet losses a router
-//! would add: the relay pushes back through TCP's flow control instead of dropping).
+//! - [`Shape::Queue`]: a queue of a given size in front of the line. Bytes a connection sends
+//!   through [`Relay::addr`] are read by the relay only while the line's queue has room; each
+//!   byte then waits for the bytes queued before it (from any connection) to be serialised at
+//!   the rate, takes its own serialisation time, and arrives `delay` later at the relay's
+//!   connection to the target. A sender that outpaces the line therefore fills its own
+//!   socket's buffer, as it would behind a real bottleneck (without the packet losses a router
+//!   would add: the relay pushes back through TCP's flow control instead of dropping).
+//! - [`Shape::Reads`]: a relay as an application would write one. It reads up to [`READ_MAX`]
+//!   bytes at a time from each connection, into sockets whose receive buffer is
+//!   [`READS_RCVBUF`], hands each read to the line, and reads that connection again once the
+//!   line has serialised it. The line is the only queue: each connection has at most one read
+//!   on it, and what one connection sends waits behind the reads of every other that came
+//!   first.
 //!
 //! What it holds, per direction:
 //!
-//! - the line's queue: at most [`Link::queue`] bytes waiting to be serialised (the line is
-//!   shared: what one connection queues delays every other's);
-//! - bytes read and waiting for room: at most one read per connection, no more than the room
-//!   the queue had just before it (at most [`READ_MAX`]);
+//! - the line's queue: with [`Shape::Queue`], at most [`Link::queue`] bytes waiting to be
+//!   serialised; with [`Shape::Reads`], one read of each connection (the line is shared: what
+//!   one connection queues delays every other's);
+//! - with [`Shape::Queue`], bytes read and waiting for room: at most one read per connection,
+//!   no more than the room the queue had just before it (at most [`READ_MAX`]);
 //! - bytes on the line: at most the rate times the delay;
 //! - bytes arrived and not yet taken by the receiver: at most [`DELIVERY_BACKLOG`] packets per
 //!   connection, after which the relay stops reading that connection;
-//! - the relay's socket receive buffers, set to [`RELAY_RCVBUF`] (the kernel doubles it for its
-//!   bookkeeping), in front of the queue as a NIC's ring would be.
+//! - the relay's socket receive buffers, set to [`RELAY_RCVBUF`] or [`READS_RCVBUF`] (the
+//!   kernel doubles it for its bookkeeping), in front of the queue as a NIC's ring would be.
 //!
 //! Timing is tokio's timer on a thread and runtime of the relay's own, so delivery can be up to
 //! about a millisecond late (the timer's resolution), and more on a busy machine. That lateness
 //! is not carried over: bytes that were waiting in a socket while the relay slept are put on
-//! the line from when the queue had room for them, so the line stays busy at its rate (the
-//! queue then briefly holds, in that accounting, up to what the line drained meanwhile). Every
+//! the line from when the queue had room for them (from when the connection's previous read
+//! was serialised, with [`Shape::Reads`]), so the line stays busy at its rate (the queue then
+//! briefly holds, in that accounting, up to what the line drained meanwhile). Every
 //! connection is carried until both of its directions have ended; an end is passed on as a
 //! half-close.
+
+// Each bench that uses the link takes the shapes it needs.
+#![allow(dead_code)]
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -59,6 +72,28 @@ pub const DELIVERY_BACKLOG: usize = 1024;
 /// relay holds little beyond the emulated queue.
 pub const RELAY_RCVBUF: u32 = 8 * 1024;
 
+/// The receive buffer the relay asks for on its sockets with [`Shape::Reads`].
+pub const READS_RCVBUF: u32 = 16 * 1024;
+
+/// How the relay takes bytes from the connections it carries (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Reads only while the line's queue of [`Link::queue`] bytes has room.
+    Queue,
+    /// Reads up to [`READ_MAX`] bytes, and reads again once the line has serialised them.
+    Reads,
+}
+
+impl Shape {
+    /// The receive buffer the relay asks for on its sockets.
+    fn rcvbuf(self) -> u32 {
+        match self {
+            Shape::Queue => RELAY_RCVBUF,
+            Shape::Reads => READS_RCVBUF,
+        }
+    }
+}
+
 /// The shape of the emulated path.
 #[derive(Debug, Clone, Copy)]
 pub struct Link {
@@ -66,18 +101,26 @@ pub struct Link {
     pub rate: u64,
     /// One-way delay of every packet, beyond its serialisation.
     pub delay: Duration,
-    /// Bytes the queue in front of each direction's line holds.
+    /// Bytes the queue in front of each direction's line holds, with [`Shape::Queue`].
     pub queue: usize,
+    /// How the relay takes bytes from its connections.
+    pub shape: Shape,
 }
 
 impl Link {
-    /// Megabits per second (10⁶ bits), milliseconds each way, bytes of queue.
+    /// Megabits per second (10⁶ bits), milliseconds each way, bytes of queue; [`Shape::Queue`].
     pub fn new(mbit: u64, delay_ms: u64, queue: usize) -> Link {
         Link {
             rate: mbit * 1_000_000,
             delay: Duration::from_millis(delay_ms),
             queue,
+            shape: Shape::Queue,
         }
+    }
+
+    /// The same link with the relay taking bytes as `shape` says.
+    pub fn shaped(self, shape: Shape) -> Link {
+        Link { shape, ..self }
     }
 
     /// Seconds the line takes to serialise `bytes`.
@@ -102,7 +145,7 @@ impl Link {
                     .and_then(|runtime| {
                         let listener = runtime.block_on(async {
                             let socket = TcpSocket::new_v4()?;
-                            socket.set_recv_buffer_size(RELAY_RCVBUF)?;
+                            socket.set_recv_buffer_size(self.shape.rcvbuf())?;
                             socket.bind((Ipv4Addr::LOCALHOST, 0).into())?;
                             socket.listen(64)
                         })?;
@@ -237,16 +280,16 @@ async fn accept(listener: TcpListener, target: SocketAddr, lines: Lines) {
         let lines = lines.clone();
         tokio::spawn(async move {
             // A target that refuses closes the client's connection, as a dead path would.
-            if let Ok(server) = connect(target).await {
+            if let Ok(server) = connect(target, lines.forth.link.shape).await {
                 carry(client, server, lines).await;
             }
         });
     }
 }
 
-async fn connect(target: SocketAddr) -> io::Result<TcpStream> {
+async fn connect(target: SocketAddr, shape: Shape) -> io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
-    socket.set_recv_buffer_size(RELAY_RCVBUF)?;
+    socket.set_recv_buffer_size(shape.rcvbuf())?;
     let stream = socket.connect(target).await?;
     stream.set_nodelay(true)?;
     Ok(stream)
@@ -263,47 +306,92 @@ async fn carry(client: TcpStream, server: TcpStream, lines: Lines) {
     );
 }
 
-/// One direction: reads while the line's queue has room, queues what it read on the line, and
+/// One direction: reads as the link's shape says, queues what it read on the line, and
 /// delivers each packet when it arrives.
-async fn direction(mut from: OwnedReadHalf, to: OwnedWriteHalf, line: &Line) {
+async fn direction(from: OwnedReadHalf, to: OwnedWriteHalf, line: &Line) {
     let (arrived, arrivals) = mpsc::channel(DELIVERY_BACKLOG);
-    let reading = async move {
-        let mut buf = vec![0; READ_MAX];
-        // When this direction's previous bytes reached the queue.
-        let mut staged = Instant::now();
-        loop {
-            // Read only what the queue has room for, so that the bytes wait in the sender's
-            // socket rather than here; and queue them only once there is room for all of them,
-            // since another connection may have taken it meanwhile. The check and the queueing
-            // have no `.await` between them, and the relay runs on one thread.
-            wait_for_room(line, PACKET).await;
-            let size = line.room().clamp(1, READ_MAX);
-            // Bytes that were already waiting in the socket reached the queue when room came
-            // for them, not when a late timer woke this task: so a timer's lateness does not
-            // leave the line idle, nor slow the rate below the link's.
-            let now = Instant::now();
-            let (n, reached) = match from.try_read(&mut buf[..size]) {
-                Ok(0) => break,
-                Ok(n) => (n, line.room_from(PACKET).max(staged).min(now)),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    match from.read(&mut buf[..size]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => (n, Instant::now()),
-                    }
-                }
-                Err(_) => break,
-            };
-            staged = reached;
-            wait_for_room(line, n).await;
-            for packet in line.send(&buf[..n], staged) {
-                if arrived.send(packet).await.is_err() {
-                    return;
-                }
+    match line.link.shape {
+        Shape::Queue => tokio::join!(read_queued(from, arrived, line), deliver(arrivals, to)),
+        Shape::Reads => tokio::join!(read_serialised(from, arrived, line), deliver(arrivals, to)),
+    };
+}
+
+/// [`Shape::Queue`]: reads while the line's queue has room, and queues what it read on the line.
+/// Dropping `arrived` at the end tells the delivery to pass the end on once the line is empty.
+async fn read_queued(mut from: OwnedReadHalf, arrived: mpsc::Sender<Packet>, line: &Line) {
+    let mut buf = vec![0; READ_MAX];
+    // When this direction's previous bytes reached the queue.
+    let mut staged = Instant::now();
+    loop {
+        // Read only what the queue has room for, so that the bytes wait in the sender's
+        // socket rather than here; and queue them only once there is room for all of them,
+        // since another connection may have taken it meanwhile. The check and the queueing
+        // have no `.await` between them, and the relay runs on one thread.
+        wait_for_room(line, PACKET).await;
+        let size = line.room().clamp(1, READ_MAX);
+        // Bytes that were already waiting in the socket reached the queue when room came
+        // for them, not when a late timer woke this task: so a timer's lateness does not
+        // leave the line idle, nor slow the rate below the link's.
+        let now = Instant::now();
+        let Some((n, reached)) = read(&mut from, &mut buf[..size], || {
+            line.room_from(PACKET).max(staged).min(now)
+        })
+        .await
+        else {
+            return;
+        };
+        staged = reached;
+        wait_for_room(line, n).await;
+        for packet in line.send(&buf[..n], staged) {
+            if arrived.send(packet).await.is_err() {
+                return;
             }
         }
-        // Dropping `arrived` tells the delivery to pass the end on once the line is empty.
-    };
-    tokio::join!(reading, deliver(arrivals, to));
+    }
+}
+
+/// [`Shape::Reads`]: reads up to [`READ_MAX`] bytes, puts them on the line behind whatever is
+/// on it, and reads again once the line has serialised them.
+async fn read_serialised(mut from: OwnedReadHalf, arrived: mpsc::Sender<Packet>, line: &Line) {
+    let mut buf = vec![0; READ_MAX];
+    // When the line has serialised this direction's previous read.
+    let mut serialised = Instant::now();
+    loop {
+        tokio::time::sleep_until(serialised).await;
+        // Bytes already waiting in the socket were read when the previous read was
+        // serialised, not when a late timer woke this task (see the module's documentation).
+        let now = Instant::now();
+        let Some((n, staged)) = read(&mut from, &mut buf, || serialised.min(now)).await else {
+            return;
+        };
+        let packets = line.send(&buf[..n], staged);
+        if let Some((at, _)) = packets.last() {
+            serialised = *at - line.link.delay;
+        }
+        for packet in packets {
+            if arrived.send(packet).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Reads into `buf`: bytes already waiting, with the time `waiting` gives for them, or else the
+/// next to come, with the time they came. `None` at the end of the stream or on an error.
+async fn read(
+    from: &mut OwnedReadHalf,
+    buf: &mut [u8],
+    waiting: impl FnOnce() -> Instant,
+) -> Option<(usize, Instant)> {
+    match from.try_read(buf) {
+        Ok(0) => None,
+        Ok(n) => Some((n, waiting())),
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => match from.read(buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some((n, Instant::now())),
+        },
+        Err(_) => None,
+    }
 }
 
 /// Waits until the line's queue has room for `bytes` (or, if it holds fewer in all, is empty).

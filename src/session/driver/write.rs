@@ -38,13 +38,22 @@ pub(super) const QUEUE_LINGER: Duration = Duration::from_secs(1);
 pub(super) const GRANT_PATIENCE: u8 = 16;
 
 /// A batch holds at least this much data (when there is that much), and at first at most
-/// [`FIRST_BUDGET`]. Its size then follows what the transport takes: twice the last one while
-/// the transport takes whole batches (up to `write_buffer_size`), and what it took before
-/// pushing back when it does. So on a slow link the batch in hand, which a frame queued
-/// meanwhile waits behind, stays about as small as what the socket takes at a time (with
-/// `TCP_NOTSENT_LOWAT`, see `gomux::tcp`), while a fast one gets large writes.
-pub(super) const MIN_BUDGET: usize = 8 * 1024;
+/// [`FIRST_BUDGET`]. Its size then follows what the transport takes. While the transport has
+/// taken every batch whole, each batch is twice the last one (up to `write_buffer_size`).
+/// Once it pushes back, a batch is [`ROUND_SHARE`] of what it took in the round that ended
+/// there (the bytes it took since the push-back before), and grows while the next round goes
+/// on to that share of what the round has taken so far. So on a slow link the batch in hand
+/// when the socket pushes back, which a frame of another stream queued meanwhile waits behind,
+/// is a fraction of what the socket takes at a time (with `TCP_NOTSENT_LOWAT`, see
+/// `gomux::tcp`, a socket takes a whole write while it has room, so a batch as large as a
+/// round would be taken whole and the next would wait in hand), while a fast one gets large
+/// writes.
+pub(super) const MIN_BUDGET: usize = 4 * 1024;
 pub(super) const FIRST_BUDGET: usize = 64 * 1024;
+
+/// The part of a round (what the transport took between two push-backs) that a batch holds
+/// once the transport has pushed back: a quarter.
+const ROUND_SHARE: usize = 4;
 
 /// The largest batch: `write_buffer_size`, at least [`MIN_BUDGET`], in 32 bits (the budget is
 /// kept in the driver's task, where every byte counts for an idle session).
@@ -275,7 +284,12 @@ where
                 write.batch_data_done = 0;
                 write.boundaries.clear();
                 if !write.pushed_back {
-                    self.budget = self.budget.saturating_mul(2);
+                    self.budget = if write.held {
+                        let share = write.round_taken / ROUND_SHARE;
+                        self.budget.max(share.min(u32::MAX as usize) as u32)
+                    } else {
+                        self.budget.saturating_mul(2)
+                    };
                 }
                 self.budget = self.budget.min(max_budget);
                 write.pushed_back = false;
@@ -334,7 +348,9 @@ where
                 Poll::Pending => {
                     if let Some(write) = self.write.as_deref_mut() {
                         // Bounded by the largest batch when the next one is taken.
-                        self.budget = write.round_taken.clamp(MIN_BUDGET, u32::MAX as usize) as u32;
+                        self.budget = (write.round_taken / ROUND_SHARE)
+                            .clamp(MIN_BUDGET, u32::MAX as usize)
+                            as u32;
                         write.round_taken = 0;
                         write.pushed_back = true;
                         write.held = true;
