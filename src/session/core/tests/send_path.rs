@@ -530,22 +530,29 @@ fn a_batch_takes_at_most_4096_turns() {
     assert_eq!(super::headers(&second).len(), 5000 - 4096);
 }
 
-/// Writers let in together after waiting for room each keep a share of it, and a frame they
-/// write uses as much of their share as its size: a writer that never waited finds no room
-/// while their shares last, and the shares are not used up faster than they are written.
-#[test]
-fn a_writer_let_in_uses_as_much_of_its_share_as_it_writes() {
+/// A client core with a 4 KiB `write_buffer_size` and `N` streams of its own, each with 1 MiB
+/// of credit: their keys and ids.
+fn core_with_writers<const N: usize>() -> (super::Core, [(usize, u32); N]) {
     let mut core = super::Core::new(
         crate::config::Role::Client,
         crate::config::Config::default().write_buffer_size(4096),
     );
-    let streams: Vec<_> = (0..4).map(|_| core.open()).collect();
+    let streams = [(); N].map(|()| core.open());
     for &(_, id) in &streams {
         core.frame(crate::frame::Frame::window_update(id, 1 << 20))
             .expect("credit");
     }
     core.sent();
-    let [a, b, c, d] = [0, 1, 2, 3].map(|i| streams[i].0);
+    (core, streams)
+}
+
+/// Writers let in together after waiting for room each keep a share of it, and a frame they
+/// write uses as much of their share as its size: a writer that never waited finds no room
+/// while their shares last, and the shares are not used up faster than they are written.
+#[test]
+fn a_writer_let_in_uses_as_much_of_its_share_as_it_writes() {
+    let (mut core, streams) = core_with_writers::<4>();
+    let [a, b, c, d] = streams.map(|(key, _)| key);
     // D fills the queue in one frame; A and B then wait for room for 100 bytes each.
     let data = vec![5u8; 4096];
     assert!(core.inner.poll_write(d, Waker::noop(), &data).is_ready());
@@ -666,17 +673,8 @@ fn a_long_lived_queue_hands_its_buffer_over_batch_after_batch() {
 #[test]
 fn a_writer_that_can_no_longer_write_holds_no_room() {
     for granted_first in [false, true] {
-        let mut core = super::Core::new(
-            crate::config::Role::Client,
-            crate::config::Config::default().write_buffer_size(4096),
-        );
-        let streams: Vec<_> = (0..3).map(|_| core.open()).collect();
-        for &(_, id) in &streams {
-            core.frame(crate::frame::Frame::window_update(id, 1 << 20))
-                .expect("credit");
-        }
-        core.sent();
-        let [a, c, d] = [0, 1, 2].map(|i| streams[i].0);
+        let (mut core, streams) = core_with_writers::<3>();
+        let [a, c, d] = streams.map(|(key, _)| key);
         let a_id = streams[0].1;
         let data = vec![5u8; 4096];
         // D fills the queue; A waits for room for a whole frame.
@@ -715,17 +713,8 @@ fn a_writer_that_can_no_longer_write_holds_no_room() {
 /// comes back for room, it goes ahead of a writer that started to wait after it was let in.
 #[test]
 fn a_writer_whose_grant_was_voided_keeps_its_place_in_line() {
-    let mut core = super::Core::new(
-        crate::config::Role::Client,
-        crate::config::Config::default().write_buffer_size(4096),
-    );
-    let streams: Vec<_> = (0..4).map(|_| core.open()).collect();
-    for &(_, id) in &streams {
-        core.frame(crate::frame::Frame::window_update(id, 1 << 20))
-            .expect("credit");
-    }
-    core.sent();
-    let [a, b, c, d] = [0, 1, 2, 3].map(|i| streams[i].0);
+    let (mut core, streams) = core_with_writers::<4>();
+    let [a, b, c, d] = streams.map(|(key, _)| key);
     let data = vec![5u8; 4096];
     // D fills the queue; A, then B wait for room for a whole frame each.
     assert!(core.inner.poll_write(d, Waker::noop(), &data).is_ready());
