@@ -106,6 +106,9 @@ if ! [ -x "$rathole" ]; then
         found=$(find "$registry" -maxdepth 2 -type d -name rathole-0.5.0 | head -n 1)
     fi
     rm -rf "$rathole_root/rathole-0.5.0"
+    # (Made here too: with the source already unpacked, the fetch above did not make it, and a
+    # copy into a folder that does not exist would become that folder.)
+    mkdir -p "$rathole_root"
     cp -r "$found" "$rathole_root/"
     # Out of this repository's workspace.
     printf '\n[workspace]\n' >>"$rathole_root/rathole-0.5.0/Cargo.toml"
