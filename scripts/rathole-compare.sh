@@ -258,8 +258,10 @@ start_pair() {
             entry_options=(--insecure)
             exit_options=(--insecure)
         fi
+        # The exit serves 1024 streams at once by default; rathole has no such cap, and the
+        # idle figure holds $idle clients at once.
         RUST_LOG=warn "$tunnel" exit --listen "127.0.0.1:$middle" --target "127.0.0.1:$target" \
-            "${exit_options[@]}" >/dev/null 2>>"$work/gomux-exit.log" &
+            --max-streams $((idle + 1000)) "${exit_options[@]}" >/dev/null 2>>"$work/gomux-exit.log" &
         pair+=($!)
         RUST_LOG=warn "$tunnel" entry --listen "127.0.0.1:$port" --exit "127.0.0.1:$middle" \
             "${entry_options[@]}" >/dev/null 2>>"$work/gomux-entry.log" &
