@@ -822,8 +822,8 @@ impl Model {
     ///   write left for the driver, which goes out before anything else and is at most one
     ///   frame, `F = max_payload + 8`, outside `write_buffer_size`; at most one batch, `B`; the
     ///   other control frames, `C`; and what the pipe holds, `P`. A batch is taken up to
-    ///   the driver's budget, at most `max(write_buffer_size, 8 KiB)`, and more only to send
-    ///   the first piece of a turn, cut to at least 1 KiB: `B = max(write_buffer_size, 8 KiB) +
+    ///   the driver's budget, at most `max(write_buffer_size, 4 KiB)`, and more only to send
+    ///   the first piece of a turn, cut to at least 1 KiB: `B = max(write_buffer_size, 4 KiB) +
     ///   1 KiB + 16`. Control frames are 8 bytes: a credit per stream and its closes, `C = 32 ×
     ///   live streams`.
     /// - **The data leg**, on `w`'s output: a direct write's rest (`F`) and the batch in hand
