@@ -77,31 +77,17 @@ impl OutQueue {
         }
     }
 
-    /// Takes `bytes` whole as the queue's content, without copying them, when the queue is
-    /// empty: the two buffers are swapped, and `bytes` is left empty with the queue's old
-    /// capacity. Returns whether it did.
-    pub(crate) fn adopt(&mut self, bytes: &mut Vec<u8>) -> bool {
-        if !self.bytes.is_empty() || !self.spliced.is_empty() {
-            return false;
-        }
-        std::mem::swap(&mut self.bytes, bytes);
-        bytes.clear();
-        true
-    }
-
-    /// Moves the bytes of the buffer from `at` on to the end of `into`.
-    pub(crate) fn move_tail(&mut self, at: usize, into: &mut Vec<u8>) {
-        if let Some(tail) = self.bytes.get(at..) {
-            into.extend_from_slice(tail);
-            self.bytes.truncate(at);
-        }
-    }
-
     /// Empties the queue, keeping its buffers' capacity.
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.spliced.clear();
         self.spliced_len = 0;
+    }
+
+    /// Bytes copied into the queue's own buffer (for tests).
+    #[cfg(test)]
+    pub(crate) fn copied(&self) -> usize {
+        self.bytes.len()
     }
 
     /// Bytes the queue can hold without growing (for tests).
