@@ -48,8 +48,11 @@ const MIN_CUT: usize = 1024;
 const SPARE_BYTES: usize = 256 * 1024;
 
 /// A queue whose buffer grows to this size gets a second one beside it (see
-/// [`Kept::put_companion`]).
-const COMPANION_MIN: usize = 64 * 1024;
+/// [`Kept::put_companion`]): a stream with this much queued is the bulk of the session's
+/// traffic. Smaller queues, of sessions whose room many streams share, leave their buffer for
+/// another the batches are done with, or a new one, only when the batch in flight holds part
+/// of it as they need more room.
+const COMPANION_MIN: usize = 512 * 1024;
 
 /// Turns in one batch, at most: bounds the batch's bookkeeping with many small queues.
 const MAX_TURNS: usize = 4096;
