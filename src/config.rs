@@ -83,8 +83,9 @@ impl Role {
 ///   max_payload + 8` bytes written by the application (`session::core::tests::writers_let_in_together_stay_within_the_queue_size`),
 ///   plus at most 40 bytes per stream (its OpenStream, window announcement and three closes); the batch being written holds at most
 ///   as much again (its size follows what the transport takes, from 8 KiB up); emptied queues
-///   keep at most `2 × write_buffer_size` of capacity for reuse, given back when the session
-///   goes quiet. A direct write (see [`guide::streams`](crate::guide::streams)) that the
+///   and the buffers batches held parts of keep at most `2 × (write_buffer_size + max_payload
+///   + 8)` of capacity for reuse (two buffers of the most a queue holds), given back when the
+///   session goes quiet. A direct write (see [`guide::streams`](crate::guide::streams)) that the
 ///   transport took only part of
 ///   leaves at most its control frames and one frame (`max_payload + 8` bytes) for the driver,
 ///   in a buffer kept for reuse. The control queue (credit, refusals, keepalives)

@@ -1,10 +1,11 @@
-//! [`OutQueue`]: the session's outgoing bytes, in order: frame headers and copied payloads in
-//! one growing buffer, with caller-owned payloads ([`Stream::write_chunk`]) spliced in without
-//! being copied.
+//! [`OutQueue`]: a batch's outgoing bytes, in order: frame headers and short runs of frames
+//! copied into one growing buffer, with slices spliced in without being copied: the runs of
+//! frames a turn takes from a stream's send queue (slices of its buffer), and caller-owned
+//! payloads ([`Stream::write_chunk`]).
 //!
-//! The driver takes the whole queue at once (swapping it with an empty one) and writes it with
-//! vectored writes where the transport supports them, so a queued [`Bytes`] goes from the
-//! caller's buffer to the kernel untouched.
+//! The driver writes a batch with vectored writes where the transport supports them, so a
+//! spliced slice goes from its buffer to the kernel untouched, and lets the slices go as soon
+//! as the batch is written, so that the queues' buffers are theirs alone again.
 //!
 //! [`Stream::write_chunk`]: crate::Stream::write_chunk
 
@@ -13,9 +14,9 @@ use std::io::IoSlice;
 
 use bytes::Bytes;
 
-/// Caller-owned payloads shorter than this are copied into the buffer instead: one more slice
-/// in a vectored write costs more than copying a few kilobytes, and many small chunks would
-/// also make the writes short (the driver passes at most [`MAX_SLICES`] slices per write).
+/// Slices shorter than this are copied into the buffer instead: one more slice in a vectored
+/// write costs more than copying a few kilobytes, and many small slices would also make the
+/// writes short (the driver passes at most [`MAX_SLICES`] slices per write).
 pub(crate) const SPLICE_MIN: usize = 4 * 1024;
 
 /// Slices handed to one vectored write.
@@ -77,31 +78,17 @@ impl OutQueue {
         }
     }
 
-    /// Takes `bytes` whole as the queue's content, without copying them, when the queue is
-    /// empty: the two buffers are swapped, and `bytes` is left empty with the queue's old
-    /// capacity. Returns whether it did.
-    pub(crate) fn adopt(&mut self, bytes: &mut Vec<u8>) -> bool {
-        if !self.bytes.is_empty() || !self.spliced.is_empty() {
-            return false;
-        }
-        std::mem::swap(&mut self.bytes, bytes);
-        bytes.clear();
-        true
-    }
-
-    /// Moves the bytes of the buffer from `at` on to the end of `into`.
-    pub(crate) fn move_tail(&mut self, at: usize, into: &mut Vec<u8>) {
-        if let Some(tail) = self.bytes.get(at..) {
-            into.extend_from_slice(tail);
-            self.bytes.truncate(at);
-        }
-    }
-
     /// Empties the queue, keeping its buffers' capacity.
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.spliced.clear();
         self.spliced_len = 0;
+    }
+
+    /// Bytes copied into the queue's own buffer (for tests).
+    #[cfg(test)]
+    pub(crate) fn copied(&self) -> usize {
+        self.bytes.len()
     }
 
     /// Bytes the queue can hold without growing (for tests).

@@ -14,17 +14,22 @@
 //! the next turn. Frames that fit go out as queued, so a writer alone on the connection sends
 //! the frames it wrote.
 //!
-//! Bytes are copied into a queue when written and into the batch when taken; payloads handed
-//! over as [`Bytes`] (`Stream::write_chunk`) of [`SPLICE_MIN`] or more are spliced in and never
-//! copied. A queue lives while it holds something or its last take is not written yet
-//! (`in_flight`); emptied queues go to a pool of spare ones, up to twice `write_buffer_size` of capacity
-//! in all (a busy stream's queue grows to about that), so that streams that each send a message now and then allocate nothing.
+//! Bytes are copied into a queue when written, and a turn hands what it takes to the batch as a
+//! slice of the queue's buffer, without a copy (runs shorter than [`SPLICE_MIN`] are copied:
+//! one more slice in a vectored write costs more); payloads handed over as [`Bytes`]
+//! (`Stream::write_chunk`) of [`SPLICE_MIN`] or more are spliced in and never copied. While the
+//! batch is written, the queue fills the room after what it handed over; when it needs more,
+//! it goes on in a buffer the batches are done with (see [`Kept`]). A queue lives while it
+//! holds something or its last take is not written yet (`in_flight`); emptied queues go to a
+//! pool of spare ones, and with the kept buffers they hold at most [`spare_limit`] of capacity
+//! (two of the largest buffers a busy queue grows to), so that streams that each send a message
+//! now and then, and bulk batch after batch, allocate nothing.
 //!
 //! [`SPLICE_MIN`]: crate::session::out_queue::SPLICE_MIN
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::slab::Slab;
 use crate::frame::{Header, Kind, HEADER_LEN};
@@ -42,6 +47,13 @@ const MIN_CUT: usize = 1024;
 /// Capacity kept in spare queues, in all, at least (see `spare_limit`).
 const SPARE_BYTES: usize = 256 * 1024;
 
+/// A queue whose buffer grows to this size gets a second one beside it (see
+/// [`Kept::put_companion`]): a stream with this much queued is the bulk of the session's
+/// traffic. Smaller queues, of sessions whose room many streams share, leave their buffer for
+/// another the batches are done with, or a new one, only when the batch in flight holds part
+/// of it as they need more room.
+const COMPANION_MIN: usize = 512 * 1024;
+
 /// Turns in one batch, at most: bounds the batch's bookkeeping with many small queues.
 const MAX_TURNS: usize = 4096;
 
@@ -51,10 +63,14 @@ pub(super) struct SendQueue {
     pub(super) id: u32,
     pub(super) stream: usize,
     pub(super) priority: i32,
-    /// Frames, headers and copied payloads, from `head` on.
-    bytes: Vec<u8>,
-    head: usize,
-    /// Position in the queue's byte stream (bytes ever taken from `bytes`) of `bytes[head]`.
+    /// Frames, headers and copied payloads, not taken yet. A turn hands the bytes it takes to
+    /// the batch as a slice of this buffer (`BytesMut::split_to`), so while the batch is
+    /// written the buffer is shared with it; the queue goes on filling the room after them.
+    bytes: BytesMut,
+    /// Capacity of the allocation `bytes` lies in: what the queue counts for in the bound on
+    /// the buffers kept for reuse.
+    block: usize,
+    /// Position in the queue's byte stream (bytes ever taken from `bytes`) of `bytes[0]`.
     taken: u64,
     /// Spliced payloads, each sent once the byte stream is taken up to its position.
     spliced: VecDeque<(u64, Bytes)>,
@@ -73,8 +89,8 @@ impl SendQueue {
             id: 0,
             stream: 0,
             priority: 0,
-            bytes: Vec::new(),
-            head: 0,
+            bytes: BytesMut::new(),
+            block: 0,
             taken: 0,
             spliced: VecDeque::new(),
             spliced_len: 0,
@@ -86,177 +102,184 @@ impl SendQueue {
 
     /// Bytes queued: headers and payloads as they were queued.
     pub(super) fn len(&self) -> usize {
-        self.bytes.len() - self.head + self.spliced_len
+        self.bytes.len() + self.spliced_len
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.head == self.bytes.len() && self.spliced.is_empty()
+        self.bytes.is_empty() && self.spliced.is_empty()
     }
 
-    fn capacity(&self) -> usize {
-        self.bytes.capacity()
+    /// Makes room for `need` more bytes in `bytes`. The room after the queued bytes is used
+    /// while there is enough of it; then the allocation is used again from its start if
+    /// nothing else holds part of it (the batches that did are written); else the queued
+    /// bytes move to a buffer the batches are done with (`kept`), or to a new one, and this one
+    /// is kept for later. A buffer too small for what is queued is replaced by one twice as
+    /// large (or as large as needed), as a `Vec` grows; past [`COMPANION_MIN`], a second one
+    /// of that size is made with it and kept, for the turn when a batch holds part of the
+    /// first (see [`Kept::put_companion`]).
+    fn make_room(&mut self, need: usize, kept: &mut Kept) {
+        let len = self.bytes.len();
+        if self.bytes.capacity() - len >= need {
+            return;
+        }
+        // Asking for the whole allocation moves the queued bytes to its start.
+        if len + need <= self.block && self.bytes.try_reclaim(self.block - len) {
+            return;
+        }
+        let want = len + need;
+        // Outgrown, it is let go; else it is kept for another turn.
+        let grow = want > self.block;
+        let (mut fresh, block) = match kept.take(want) {
+            Some(kept) => kept,
+            None if grow => {
+                let block = want.max(2 * self.block);
+                if block >= COMPANION_MIN {
+                    kept.put_companion(new_buffer(block), block);
+                }
+                (new_buffer(block), block)
+            }
+            None => (new_buffer(self.block), self.block),
+        };
+        fresh.extend_from_slice(&self.bytes);
+        let mut old = std::mem::replace(&mut self.bytes, fresh);
+        let old_block = std::mem::replace(&mut self.block, block);
+        if !grow {
+            old.clear();
+            kept.put(old, old_block);
+        }
     }
 
-    pub(super) fn push_header(&mut self, header: Header) {
+    /// Queues a frame's header and the part of its payload that is copied.
+    fn push(&mut self, header: Header, payload: &[u8], kept: &mut Kept) {
+        self.make_room(HEADER_LEN + payload.len(), kept);
         self.bytes.extend_from_slice(&header.to_bytes());
-    }
-
-    pub(super) fn push_payload(&mut self, payload: &[u8]) {
         self.bytes.extend_from_slice(payload);
     }
 
     /// A payload handed over whole: spliced in unless short.
-    pub(super) fn push_chunk(&mut self, chunk: Bytes) {
+    fn push_chunk(&mut self, chunk: Bytes, kept: &mut Kept) {
         if chunk.len() < SPLICE_MIN {
+            self.make_room(chunk.len(), kept);
             self.bytes.extend_from_slice(&chunk);
         } else {
-            let at = self.taken + (self.bytes.len() - self.head) as u64;
+            let at = self.taken + self.bytes.len() as u64;
             self.spliced_len += chunk.len();
             self.spliced.push_back((at, chunk));
         }
     }
 
-    /// Moves the whole frames at the front of the queue that fit in `allow` bytes into an empty
-    /// `out` without copying them, when they are most of what it holds: its buffer goes to
-    /// `out` (which gives its own, empty, in exchange), and what does not fit is copied back.
-    /// So a stream sending bulk alone costs no copy beyond the one into its queue. Calls
-    /// `boundary` with the position of each frame start; returns what it took, or `None` when
-    /// the frames are to be taken one by one.
-    fn take_whole(
+    /// Takes one turn's frames into `out`: whole frames while they fit in `allow` bytes, and
+    /// if the first does not fit, its first part (a Data frame's, at least [`MIN_CUT`] of
+    /// payload). Frames go as they were queued, headers included, in one slice of the queue's
+    /// buffer; only the rest of a cut frame gets a header of its own. `position` is the
+    /// data-queue position of `out`'s end, and `boundary` records frame starts there.
+    fn take_turn(
         &mut self,
         allow: usize,
         out: &mut OutQueue,
         position: u64,
         boundary: &mut impl FnMut(u64),
-    ) -> Option<(Took, u64)> {
-        if self.head != 0 || self.partial != 0 || !self.spliced.is_empty() || !out.is_empty() {
-            return None;
-        }
-        let (mut end, mut frames) = (0, 0);
-        while let Some(raw) = self.bytes.get(end..end + HEADER_LEN) {
-            let header = Header::from_bytes(raw.try_into().ok()?).ok()?;
-            let size = HEADER_LEN
-                + match header.kind {
-                    Kind::Data => header.length as usize,
-                    _ => 0,
+    ) -> Took {
+        let mut took = Took::default();
+        // Bytes at the front of `bytes` that go to the batch as they are.
+        let mut run = 0;
+        while took.wire < allow && (self.partial > 0 || run < self.bytes.len()) {
+            let first = took.wire == 0;
+            let left = allow - took.wire;
+            boundary(position + took.wire as u64);
+            if self.partial > 0 {
+                // The rest of a cut frame, under a header of its own (only ever first: a
+                // cut ends the turn).
+                let len = self.partial as usize;
+                let n = if HEADER_LEN + len <= left {
+                    len
+                } else if first {
+                    cut_size(left, len)
+                } else {
+                    break;
                 };
-            if end + size > allow || end + size > self.bytes.len() {
-                break;
+                let header = Header {
+                    id: self.id,
+                    length: n as u32,
+                    kind: Kind::Data,
+                };
+                out.extend_from_slice(&header.to_bytes());
+                self.take_payload(n, &mut run, out);
+                self.partial = (len - n) as u32;
+                took.add(HEADER_LEN + n, n);
+                continue;
             }
-            boundary(position + end as u64);
-            end += size;
-            frames += 1;
-        }
-        if end < self.bytes.len() / 2 || end < MIN_CUT {
-            return None;
-        }
-        let capacity = self.bytes.capacity();
-        if !out.adopt(&mut self.bytes) {
-            return None;
-        }
-        // The two buffers take turns: both grow to the working size at once, so that neither
-        // grows later, one frame at a time.
-        self.bytes.reserve(capacity);
-        // `bytes` is now the batch's old buffer, empty: what did not fit goes back into it.
-        out.move_tail(end, &mut self.bytes);
-        self.taken += end as u64;
-        Some((
-            Took {
-                wire: end,
-                used: end,
-            },
-            frames,
-        ))
-    }
-
-    /// Moves the next frame into `out` if it fits in `allow` bytes; if it does not and `cut`
-    /// is set, a Data frame's first part that fits (at least [`MIN_CUT`] of payload).
-    /// Returns the frame's size in `out` and the queued bytes it used.
-    fn take_frame(&mut self, allow: usize, cut: bool, out: &mut OutQueue) -> Option<Took> {
-        let mut used = 0;
-        let len = if self.partial > 0 {
-            self.partial as usize
-        } else {
-            let raw: [u8; HEADER_LEN] = self
-                .bytes
-                .get(self.head..self.head + HEADER_LEN)?
-                .try_into()
-                .ok()?;
-            let header = Header::from_bytes(raw).ok()?;
+            let Some(raw) = self.bytes.get(run..run + HEADER_LEN) else {
+                break;
+            };
+            let Ok(mut header) = Header::from_bytes(raw.try_into().unwrap_or_default()) else {
+                break;
+            };
             if header.kind != Kind::Data || header.length == 0 {
-                out.extend_from_slice(&raw);
-                self.consume(HEADER_LEN);
-                return Some(Took {
-                    wire: HEADER_LEN,
-                    used: HEADER_LEN,
-                });
+                run += HEADER_LEN;
+                took.add(HEADER_LEN, HEADER_LEN);
+                continue;
             }
             let len = header.length as usize;
-            if HEADER_LEN + len > allow && !cut {
-                return None;
+            let n = if HEADER_LEN + len <= left {
+                len
+            } else if first {
+                cut_size(left, len)
+            } else {
+                break;
+            };
+            if n < len {
+                header.length = n as u32;
+                self.bytes[run..run + HEADER_LEN].copy_from_slice(&header.to_bytes());
+                self.partial = (len - n) as u32;
             }
-            self.consume(HEADER_LEN);
-            used += HEADER_LEN;
-            len
-        };
-        if self.partial > 0 && HEADER_LEN + len > allow && !cut {
-            return None;
+            run += HEADER_LEN;
+            self.take_payload(n, &mut run, out);
+            took.add(HEADER_LEN + n, HEADER_LEN + n);
         }
-        let n = if HEADER_LEN + len <= allow {
-            len
-        } else {
-            allow.saturating_sub(HEADER_LEN).max(MIN_CUT).min(len)
-        };
-        out.extend_from_slice(
-            &Header {
-                id: self.id,
-                length: n as u32,
-                kind: Kind::Data,
-            }
-            .to_bytes(),
-        );
-        match self.spliced.front_mut() {
-            Some((at, chunk)) if *at == self.taken => {
+        self.flush_run(&mut run, out);
+        took
+    }
+
+    /// Takes `n` bytes of payload after the `run` bytes at the front: a part of the spliced
+    /// payload there, or `n` more bytes of the run.
+    fn take_payload(&mut self, n: usize, run: &mut usize, out: &mut OutQueue) {
+        match self.spliced.front() {
+            Some(&(at, _)) if at == self.taken + *run as u64 => {
+                self.flush_run(run, out);
+                let Some((_, chunk)) = self.spliced.front_mut() else {
+                    return;
+                };
                 let part = chunk.split_to(n);
                 if chunk.is_empty() {
                     self.spliced.pop_front();
                 }
-                self.spliced_len -= n;
+                self.spliced_len -= part.len();
                 out.push_chunk(part);
             }
-            _ => {
-                out.extend_from_slice(&self.bytes[self.head..self.head + n]);
-                self.consume(n);
-            }
+            _ => *run += n,
         }
-        used += n;
-        self.partial = (len - n) as u32;
-        Some(Took {
-            wire: HEADER_LEN + n,
-            used,
-        })
     }
 
-    /// Moves past `n` bytes of `bytes`, giving back the space taken once that is worth it: once
-    /// three quarters of the buffer are taken, so that moving the rest to the front costs at
-    /// most a third of a byte per byte taken (moving it at half, a profile of ten streams sending
-    /// at once spent as much time moving queued bytes as copying them in).
-    fn consume(&mut self, n: usize) {
-        self.head += n;
+    /// Moves the `run` bytes at the front of `bytes` to `out`: handed over as a slice of the
+    /// buffer, or copied if short (see [`SPLICE_MIN`]).
+    fn flush_run(&mut self, run: &mut usize, out: &mut OutQueue) {
+        let n = std::mem::take(run);
+        if n == 0 {
+            return;
+        }
+        if n < SPLICE_MIN {
+            out.extend_from_slice(&self.bytes[..n]);
+            self.bytes.advance(n);
+        } else {
+            out.push_chunk(self.bytes.split_to(n).freeze());
+        }
         self.taken += n as u64;
-        if self.head == self.bytes.len() {
-            self.bytes.clear();
-            self.head = 0;
-        } else if self.head >= 64 * 1024 && self.head * 4 >= self.bytes.len() * 3 {
-            self.bytes.drain(..self.head);
-            self.head = 0;
-        }
     }
 
-    /// Empties it for reuse, keeping its buffer's capacity.
+    /// Empties it for reuse, keeping its buffer.
     fn reset(&mut self) {
         self.bytes.clear();
-        self.head = 0;
         self.taken = 0;
         self.spliced.clear();
         self.spliced_len = 0;
@@ -266,12 +289,107 @@ impl SendQueue {
     }
 }
 
-/// What one frame taken from a queue came to.
+/// A queue buffer of `block` bytes. One that turns may hand over parts of is shared from the
+/// start, so that handing over its first part allocates nothing (a `BytesMut`'s first split
+/// allocates its reference count).
+fn new_buffer(block: usize) -> BytesMut {
+    let mut buffer = BytesMut::with_capacity(block);
+    if block >= SPLICE_MIN {
+        drop(buffer.split_to(0));
+    }
+    buffer
+}
+
+/// How much of a Data frame of `len` payload bytes a turn with `left` bytes left takes when it
+/// cuts it: what fits, at least [`MIN_CUT`], at most all of it.
+fn cut_size(left: usize, len: usize) -> usize {
+    left.saturating_sub(HEADER_LEN).max(MIN_CUT).min(len)
+}
+
+/// What a turn took from a queue.
+#[derive(Default)]
 struct Took {
     /// Bytes it takes in the batch.
     wire: usize,
     /// Queued bytes it used up.
     used: usize,
+    /// Frames.
+    frames: u64,
+}
+
+impl Took {
+    fn add(&mut self, wire: usize, used: usize) {
+        self.wire += wire;
+        self.used += used;
+        self.frames += 1;
+    }
+}
+
+/// Buffers kept for reuse: those queues moved out of while batches still held parts of them,
+/// in the order they were left (so the first is the first the batches are done with). With
+/// the spare queues' buffers they hold at most [`spare_limit`] of capacity.
+#[derive(Default)]
+struct Kept {
+    buffers: VecDeque<(BytesMut, usize)>,
+    /// Their allocations' capacity, in all.
+    bytes: usize,
+    /// What they may hold: [`spare_limit`] less the spare queues' capacity, set before use.
+    limit: usize,
+}
+
+impl Kept {
+    /// A buffer with room for `want` bytes that nothing else holds a part of, if the first
+    /// one kept is such; smaller ones in front of it are let go.
+    fn take(&mut self, want: usize) -> Option<(BytesMut, usize)> {
+        while let Some((buffer, block)) = self.buffers.front_mut() {
+            let block = *block;
+            if block < want {
+                self.buffers.pop_front();
+                self.bytes -= block;
+                continue;
+            }
+            if !buffer.try_reclaim(block) {
+                return None;
+            }
+            self.bytes -= block;
+            return self.buffers.pop_front();
+        }
+        None
+    }
+
+    /// Keeps `buffer`, made beside a queue's new buffer of the same size, to be taken first;
+    /// the buffers kept that are smaller go. A queue whose buffer grows that large carries
+    /// bulk: a batch will hold part of the buffer when the queue needs more room, and the
+    /// second buffer is then there, made while the queue was growing rather than in the middle
+    /// of the transfer; the two then take turns (`tests/alloc.rs` counts no allocation once a
+    /// transfer is under way).
+    fn put_companion(&mut self, buffer: BytesMut, block: usize) {
+        let mut dropped = 0;
+        self.buffers.retain(|&(_, kept)| {
+            let keep = kept >= block;
+            if !keep {
+                dropped += kept;
+            }
+            keep
+        });
+        self.bytes -= dropped;
+        if self.bytes + block > self.limit {
+            return;
+        }
+        self.bytes += block;
+        self.buffers.push_front((buffer, block));
+    }
+
+    /// Keeps `buffer` (empty; `block` is its allocation's capacity) if there is room for it
+    /// within the limit; else lets it go (it is freed once the batches holding parts of it
+    /// are written).
+    fn put(&mut self, buffer: BytesMut, block: usize) {
+        if block == 0 || self.bytes + block > self.limit {
+            return;
+        }
+        self.bytes += block;
+        self.buffers.push_back((buffer, block));
+    }
 }
 
 /// A queue's place in its priority's round, and what is left of its turn.
@@ -293,8 +411,10 @@ pub(super) struct SendQueues {
     /// By priority, highest first.
     levels: Vec<Level>,
     spare: Vec<SendQueue>,
-    /// Their capacity, in all: at most [`spare_limit`].
+    /// Their capacity, in all: with `kept`'s, at most [`spare_limit`].
     spare_bytes: usize,
+    /// Buffers queues left while batches held parts of them; made when first needed.
+    kept: Option<Box<Kept>>,
     /// Bytes queued in all queues, not taken yet: what the session's `write_buffer_size` bounds.
     pub(super) queued: usize,
     /// Each take of a batch: the data-queue position after it, and its queue.
@@ -307,10 +427,14 @@ pub(super) struct Taken {
     pub(super) frames: u64,
 }
 
-/// The capacity the spares may hold, in all: twice `write_buffer_size`, at least
+/// The capacity the spare queues and the kept buffers may hold, in all: two buffers of the
+/// most a queue holds (`write_buffer_size` and one frame of `max_payload`), at least
 /// [`SPARE_BYTES`]. (Computed where used, rather than kept in state every session holds.)
-pub(super) fn spare_limit(write_buffer_size: usize) -> usize {
-    write_buffer_size.saturating_mul(2).max(SPARE_BYTES)
+pub(super) fn spare_limit(write_buffer_size: usize, max_payload: usize) -> usize {
+    write_buffer_size
+        .saturating_add(max_payload + HEADER_LEN)
+        .saturating_mul(2)
+        .max(SPARE_BYTES)
 }
 
 impl SendQueues {
@@ -320,6 +444,7 @@ impl SendQueues {
             levels: Vec::new(),
             spare: Vec::new(),
             spare_bytes: 0,
+            kept: None,
             queued: 0,
             takes: VecDeque::new(),
         }
@@ -335,14 +460,33 @@ impl SendQueues {
         self.queues.get(key).map_or(0, SendQueue::len)
     }
 
-    pub(super) fn get_mut(&mut self, key: usize) -> Option<&mut SendQueue> {
-        self.queues.get_mut(key)
+    /// Queues a frame in queue `key`: its header, and its payload copied (`payload`) or
+    /// handed over (`chunk`). `spare_limit` is [`spare_limit`] of the session's settings.
+    pub(super) fn push(
+        &mut self,
+        key: usize,
+        header: Header,
+        payload: &[u8],
+        chunk: Option<Bytes>,
+        spare_limit: usize,
+    ) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        let kept = self.kept.get_or_insert_with(Box::default);
+        kept.limit = spare_limit.saturating_sub(self.spare_bytes);
+        queue.push(header, payload, kept);
+        self.queued += HEADER_LEN + payload.len();
+        if let Some(chunk) = chunk {
+            self.queued += chunk.len();
+            queue.push_chunk(chunk, kept);
+        }
     }
 
     /// A new queue for the stream `(stream, id)`; returns its key.
     pub(super) fn create(&mut self, stream: usize, id: u32, priority: i32) -> usize {
         let mut queue = self.spare.pop().unwrap_or_else(SendQueue::new);
-        self.spare_bytes = self.spare_bytes.saturating_sub(queue.capacity());
+        self.spare_bytes = self.spare_bytes.saturating_sub(queue.block);
         queue.id = id;
         queue.stream = stream;
         queue.priority = priority;
@@ -420,7 +564,6 @@ impl SendQueues {
     ) -> Taken {
         let mut frames = 0;
         let mut turns = 0;
-        let active_levels = self.levels.iter().filter(|l| !l.round.is_empty()).count();
         'levels: for level in &mut self.levels {
             while let Some(&Turn { queue: key, left }) = level.round.front() {
                 if budget == 0 || turns == MAX_TURNS {
@@ -444,36 +587,11 @@ impl SendQueues {
                 let left = if left == 0 { QUANTUM } else { left };
                 let budget_before = budget;
                 let allow = if alone { budget } else { left.min(budget) };
-                let mut spent = 0;
-                // Handing a queue's buffer over whole only pays when the batch is that queue's
-                // alone: appending other queues' frames to it would grow it, batch after batch.
-                let only = alone && active_levels == 1;
-                let whole = if only {
-                    queue.take_whole(allow, out, position, &mut boundary)
-                } else {
-                    None
-                };
-                if let Some((took, whole)) = whole {
-                    spent += took.wire;
-                    position += took.wire as u64;
-                    self.queued = self.queued.saturating_sub(took.used);
-                    frames += whole;
-                }
-                while !queue.is_empty() && spent < allow {
-                    boundary(position);
-                    match queue.take_frame(allow - spent.min(allow), spent == 0, out) {
-                        None => break,
-                        Some(took) => {
-                            spent += took.wire;
-                            position += took.wire as u64;
-                            self.queued = self.queued.saturating_sub(took.used);
-                            frames += 1;
-                        }
-                    }
-                    if spent >= allow {
-                        break;
-                    }
-                }
+                let took = queue.take_turn(allow, out, position, &mut boundary);
+                let spent = took.wire;
+                position += spent as u64;
+                self.queued = self.queued.saturating_sub(took.used);
+                frames += took.frames;
                 budget = budget.saturating_sub(spent);
                 turns += 1;
                 if spent > 0 {
@@ -508,7 +626,7 @@ impl SendQueues {
     /// The transport has taken the batches up to data-queue position `written`: returns, one
     /// at a time, the queues left with nothing queued nor in flight, which are freed (their
     /// streams' bytes are all written).
-    /// `spare_limit` is [`spare_limit`] of the session's `write_buffer_size`.
+    /// `spare_limit` is [`spare_limit`] of the session's settings.
     pub(super) fn next_written(
         &mut self,
         written: u64,
@@ -532,8 +650,8 @@ impl SendQueues {
         None
     }
 
-    /// Forgets the queue, keeping its buffer as a spare if the spares' capacity stays within
-    /// `spare_limit`.
+    /// Forgets the queue, keeping it and its buffer as a spare if the capacity kept stays
+    /// within `spare_limit`.
     fn free(&mut self, key: usize, spare_limit: usize) {
         let Some(mut queue) = self.queues.remove(key) else {
             return;
@@ -545,8 +663,9 @@ impl SendQueues {
         }
         self.queued = self.queued.saturating_sub(queue.len());
         queue.reset();
-        if self.spare_bytes + queue.capacity() <= spare_limit {
-            self.spare_bytes += queue.capacity();
+        let kept = self.kept.as_ref().map_or(0, |kept| kept.bytes);
+        if self.spare_bytes + kept + queue.block <= spare_limit {
+            self.spare_bytes += queue.block;
             self.spare
                 .reserve_exact(usize::from(self.spare.capacity() == 0));
             self.spare.push(queue);
@@ -557,6 +676,7 @@ impl SendQueues {
     pub(super) fn release_empty(&mut self) {
         self.spare = Vec::new();
         self.spare_bytes = 0;
+        self.kept = None;
         if self.takes.is_empty() {
             self.takes = VecDeque::new();
         }
@@ -577,6 +697,8 @@ impl SendQueues {
     /// Capacity held, for tests.
     #[cfg(test)]
     pub(super) fn capacity(&mut self) -> usize {
-        self.spare_bytes + self.queues.iter_mut().map(|q| q.capacity()).sum::<usize>()
+        self.spare_bytes
+            + self.kept.as_ref().map_or(0, |kept| kept.bytes)
+            + self.queues.iter_mut().map(|q| q.block).sum::<usize>()
     }
 }

@@ -423,8 +423,15 @@ where
         Stall::disarm(&mut self.stall);
         let (now, tick) = self.clock.now();
         self.timers.wrote(tick);
-        if write.write_buf.len() > QUEUE_KEEP && write.write_buf.is_written(&write.written) {
-            write.large_batch_at = Some(now);
+        if write.write_buf.is_written(&write.written) {
+            if write.write_buf.len() > QUEUE_KEEP {
+                write.large_batch_at = Some(now);
+            }
+            // The batch's slices of the streams' queue buffers go before the core hears of
+            // it, so that the queues it frees find their buffers theirs alone, to be used
+            // again at once.
+            write.write_buf.clear();
+            write.written = Cursor::default();
         }
         let control_pos = if write.control_done == write.control_buf.len() {
             write.batch.control_end

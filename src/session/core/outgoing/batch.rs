@@ -90,7 +90,8 @@ impl Inner {
         if (before ^ out.control_written) >> CONTROL_MARK_SWEEP != 0 {
             self.forget_written_marks();
         }
-        let spare_limit = send_queue::spare_limit(self.config.write_buffer_size);
+        let spare_limit =
+            send_queue::spare_limit(self.config.write_buffer_size, self.config.max_payload);
         while let Some((key, id)) = self
             .out
             .queues

@@ -31,7 +31,7 @@ pub(super) use self::control::Control;
 pub(crate) use self::direct_admit::Admitted;
 use self::direct_admit::DirectRest;
 use self::room::Waits;
-use super::send_queue::SendQueues;
+use super::send_queue::{self, SendQueues};
 use super::stream_state::{Queued, NO_QUEUE};
 use super::Inner;
 use crate::frame::{Header, HEADER_LEN};
@@ -190,40 +190,28 @@ impl Inner {
 
     /// Queues a frame without payload for the stream, behind what it queued before.
     pub(super) fn queue_frame(&mut self, key: usize, header: Header) {
-        let Some(queue) = self.send_queue_of(key) else {
-            return;
-        };
-        if let Some(q) = self.out.queues.get_mut(queue) {
-            q.push_header(header);
-            self.out.queues.queued += HEADER_LEN;
-        }
-        self.out.queues.activate(queue);
+        self.queue(key, header, &[], None);
     }
 
     /// Queues a Data frame for the stream, its payload copied.
     pub(super) fn queue_data(&mut self, key: usize, header: Header, payload: &[u8]) {
-        let Some(queue) = self.send_queue_of(key) else {
-            return;
-        };
-        if let Some(q) = self.out.queues.get_mut(queue) {
-            q.push_header(header);
-            q.push_payload(payload);
-            self.out.queues.queued += HEADER_LEN + payload.len();
-        }
-        self.out.queues.activate(queue);
+        self.queue(key, header, payload, None);
     }
 
     /// Queues a Data frame for the stream, its payload spliced in without a copy unless short.
     pub(super) fn queue_data_chunk(&mut self, key: usize, header: Header, payload: bytes::Bytes) {
+        self.queue(key, header, &[], Some(payload));
+    }
+
+    fn queue(&mut self, key: usize, header: Header, payload: &[u8], chunk: Option<bytes::Bytes>) {
         let Some(queue) = self.send_queue_of(key) else {
             return;
         };
-        let len = HEADER_LEN + payload.len();
-        if let Some(q) = self.out.queues.get_mut(queue) {
-            q.push_header(header);
-            q.push_chunk(payload);
-            self.out.queues.queued += len;
-        }
+        let spare_limit =
+            send_queue::spare_limit(self.config.write_buffer_size, self.config.max_payload);
+        self.out
+            .queues
+            .push(queue, header, payload, chunk, spare_limit);
         self.out.queues.activate(queue);
     }
 
