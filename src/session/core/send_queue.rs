@@ -191,11 +191,7 @@ impl SendQueue {
                 // The rest of a cut frame, under a header of its own (only ever first: a
                 // cut ends the turn).
                 let len = self.partial as usize;
-                let n = if HEADER_LEN + len <= left {
-                    len
-                } else if first {
-                    cut_size(left, len)
-                } else {
+                let Some(n) = payload_taken(len, left, first) else {
                     break;
                 };
                 let header = Header {
@@ -221,11 +217,7 @@ impl SendQueue {
                 continue;
             }
             let len = header.length as usize;
-            let n = if HEADER_LEN + len <= left {
-                len
-            } else if first {
-                cut_size(left, len)
-            } else {
+            let Some(n) = payload_taken(len, left, first) else {
                 break;
             };
             if n < len {
@@ -300,10 +292,17 @@ fn new_buffer(block: usize) -> BytesMut {
     buffer
 }
 
-/// How much of a Data frame of `len` payload bytes a turn with `left` bytes left takes when it
-/// cuts it: what fits, at least [`MIN_CUT`], at most all of it.
-fn cut_size(left: usize, len: usize) -> usize {
-    left.saturating_sub(HEADER_LEN).max(MIN_CUT).min(len)
+/// How much of a Data frame of `len` payload bytes a turn with `left` bytes left takes: all of
+/// it if it fits; else, as the turn's first frame, the part that fits (at least [`MIN_CUT`],
+/// at most all of it); else none, and the turn ends.
+fn payload_taken(len: usize, left: usize, first: bool) -> Option<usize> {
+    if HEADER_LEN + len <= left {
+        Some(len)
+    } else if first {
+        Some(left.saturating_sub(HEADER_LEN).max(MIN_CUT).min(len))
+    } else {
+        None
+    }
 }
 
 /// What a turn took from a queue.
