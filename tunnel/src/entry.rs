@@ -277,14 +277,14 @@ async fn accept_clients(clients: TcpListener, service: Arc<ClientService>, accep
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
         let client = serve_client(
-            service.lane.track(),
+            [accepting.work.relays.track(), service.lane.track()],
             Silent::new(socket, ticket),
             Arc::clone(&service),
             accepting.exits.clone(),
             accepting.options.client_wait,
             shutdown.clone(),
         );
-        tokio::spawn(tracked(accepting.work.relays.track(), client).instrument(span));
+        tokio::spawn(client.instrument(span));
     }
     // Clients that connect from now on are refused.
     drop(clients);
@@ -528,11 +528,13 @@ async fn carry_clients(
 /// Forwards one client connection through a gomux connection to the exit; closes it at
 /// once if it loses its place while it is still silent.
 ///
-/// Counted by its service (`counted`) meanwhile, and cut with it when the service, removed,
-/// reaches its drain deadline. (The cut is watched here rather than by a wrapping future,
-/// which would hold this one twice in an unoptimised build.)
+/// Counted meanwhile (`counted`: among the end's relays, and by its service), and cut with
+/// its service when the service, removed, reaches its drain deadline. The guards and the cut
+/// are held here rather than by a wrapping future: an async function that takes a future and
+/// awaits it keeps room for it twice (the argument and the future being awaited), and this
+/// one is the whole of an idle client's task.
 async fn serve_client(
-    counted: Tracked,
+    counted: [Tracked; 2],
     client: Silent<TcpStream>,
     service: Arc<ClientService>,
     exits: Exits,
