@@ -54,7 +54,7 @@ pub async fn run_relay(
                 () = cut.cancelled() => return,
             };
             match connected {
-                Ok(socket) => bridge(client, socket, cut.cancelled(), [None, None]).await,
+                Ok(socket) => bridge(client, socket, || cut.cancelled(), [None, None]).await,
                 Err(error) => warn!(%target, %error, "cannot reach the target"),
             }
         };
@@ -87,11 +87,11 @@ pub async fn run_relay(
 /// any more, but goes on writing what the stream still holds to it: when the other end
 /// drained and closed the connection, that is the end of a reply, which the client would
 /// otherwise lose without knowing. Within [`DELIVERY_GRACE`], unless `end.cut` comes first.
-pub async fn carry<T>(tcp: T, stream: Stream, end: &SessionEnd)
+pub fn carry<'a, T>(tcp: T, stream: Stream, end: &'a SessionEnd) -> impl Future<Output = ()> + 'a
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin + 'a,
 {
-    carry_with(tcp, stream, end, Carried::default()).await;
+    carry_with(tcp, stream, end, Carried::default())
 }
 
 /// What a relay counts, and whether its stream starts with the exit's answer to a preface.
@@ -130,11 +130,20 @@ impl Carried {
 /// As [`carry`], counting the bytes each way, and at a config-mode entry taking the exit's
 /// answer to the stream's preface first: a stream the exit refuses closes the client, and is
 /// logged with the service's name.
-pub async fn carry_with<T>(tcp: T, stream: Stream, end: &SessionEnd, carried: Carried)
+///
+/// The relay is the future returned, built here rather than by an async function, which would
+/// keep room for its arguments twice (as arguments, and as the values it moves on): while a
+/// client is idle, this future is most of what it costs.
+pub fn carry_with<'a, T>(
+    tcp: T,
+    stream: Stream,
+    end: &'a SessionEnd,
+    carried: Carried,
+) -> impl Future<Output = ()> + 'a
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin + 'a,
 {
-    let stop = async {
+    let stop = move || async move {
         tokio::select! {
             () = async {
                 end.ended.cancelled().await;
@@ -152,11 +161,12 @@ where
             filled: 0,
         }),
     };
-    bridge(tcp, stream, stop, [carried.from_tcp, carried.to_tcp]).await;
+    bridge(tcp, stream, stop, [carried.from_tcp, carried.to_tcp])
 }
 
 /// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
-/// connection) until both directions are done, or `stop` resolves.
+/// connection) until both directions are done, or the future `stop` makes resolves (made when
+/// the relay starts, and held once: in the relay's own state).
 ///
 /// Half-closes travel through: when one side reads end-of-file, the other side's write half is
 /// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
@@ -165,26 +175,31 @@ where
 /// A relay holds no buffer while nothing moves: each read borrows one from a shared pool and
 /// gives it back once its bytes are written (see `copy`), so an idle client costs the tunnel
 /// its sockets and the stream's state, not buffers.
-async fn bridge<A, B>(
+fn bridge<A, B, S>(
     mut tcp: A,
     mut stream: B,
-    stop: impl Future<Output = ()>,
+    stop: impl FnOnce() -> S,
     counters: [Option<Counter>; 2],
-) where
+) -> impl Future<Output = ()>
+where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
+    S: Future<Output = ()>,
 {
-    let relay = copy::copy_both_ways(&mut tcp, &mut stream, counters);
-    tokio::select! {
-        result = relay => match result {
-            Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
-            Err(error) => debug!(%error, "ended by an error"),
-        },
-        // A direction blocked reading a TCP side would not notice the end of the session, or
-        // of the relay, until that side sent something, which could be never: stop now.
-        () = stop => debug!("stopped"),
+    // The sides are used where the block holds them, not moved into locals of its own.
+    async move {
+        let relay = copy::copy_both_ways(&mut tcp, &mut stream, counters);
+        tokio::select! {
+            result = relay => match result {
+                Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
+                Err(error) => debug!(%error, "ended by an error"),
+            },
+            // A direction blocked reading a TCP side would not notice the end of the session,
+            // or of the relay, until that side sent something, which could be never: stop now.
+            () = stop() => debug!("stopped"),
+        }
+        // Returning drops both: the TCP connection closes, and the stream sends its close.
     }
-    // Returning drops both: the TCP connection closes, and the stream sends its close.
 }
 
 /// The TCP side of a relay, which reads as ended once the session carrying the stream has
