@@ -143,6 +143,7 @@ pub fn carry_with<'a, T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + 'a,
 {
+    // Its wait for `ended` also wakes a read blocked on the TCP side (see `UntilEnded`).
     let stop = move || async move {
         tokio::select! {
             () = async {
@@ -152,7 +153,10 @@ where
             () = end.cut.cancelled() => {}
         }
     };
-    let tcp = UntilEnded::new(tcp, end.ended.clone());
+    let tcp = UntilEnded {
+        io: tcp,
+        ended: end.ended.clone(),
+    };
     let stream = EndsWhenPeerCloses {
         stream,
         answer: carried.answer_of.map(|service| Answer {
@@ -206,21 +210,14 @@ where
 /// (`ended` is cancelled): nothing it sends could go anywhere. The relay then shuts the stream
 /// down, which [`EndsWhenPeerCloses`] lets succeed, and goes on with the other direction, the
 /// rest of the stream, untouched. (Dropping the relay instead would lose what it holds.)
+///
+/// It registers no waker of its own on `ended`: the relay's stop future (see [`carry_with`])
+/// waits for `ended` in the same task, and each wake polls the relay again, whose read then
+/// finds `ended` cancelled. A read blocked on the TCP side thus wakes when the session ends,
+/// at no cost per client beyond the stop future's.
 struct UntilEnded<T> {
     io: T,
     ended: CancellationToken,
-    /// Waits for `ended`, so that a read blocked on the TCP side wakes when it is cancelled.
-    waiting: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-}
-
-impl<T> UntilEnded<T> {
-    fn new(io: T, ended: CancellationToken) -> UntilEnded<T> {
-        UntilEnded {
-            io,
-            waiting: Box::pin(ended.clone().cancelled_owned()),
-            ended,
-        }
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
@@ -233,11 +230,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
         if this.ended.is_cancelled() {
             return Poll::Ready(Ok(())); // end of file
         }
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            // Registered only while the read waits, so a busy connection does not pay for it.
-            Poll::Pending if this.waiting.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(())),
-            other => other,
-        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
@@ -450,5 +443,49 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
                 tokio::time::sleep(ACCEPT_RETRY).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gomux::Session;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Once the session carrying the stream has ended, the relay stops reading a client that
+    /// sends nothing and never closes: with the rest of the stream delivered, it ends at once,
+    /// not when the delivery grace runs out (the paused clock would jump there if the relay
+    /// waited).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_not_read_once_the_session_has_ended() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (opener, acceptor) = (Session::client(a), Session::server(b));
+        let mut stream = opener.open().await.expect("open");
+        stream.write_all(b"?").await.expect("first bytes");
+        let mut peer = acceptor.accept().await.expect("accept");
+        let mut first = [0; 1];
+        peer.read_exact(&mut first).await.expect("first bytes");
+        // The other end sends the rest of its reply and is done sending; it still reads.
+        peer.write_all(b"the rest").await.expect("reply");
+        peer.shutdown().await.expect("half-close");
+
+        let (mut client, relayed) = tokio::io::duplex(1024);
+        let end = SessionEnd::default();
+        let started = tokio::time::Instant::now();
+        let relay = carry(relayed, stream, &end);
+        let ending = async {
+            let mut reply = Vec::new();
+            client.read_to_end(&mut reply).await.expect("the reply");
+            assert_eq!(reply, b"the rest");
+            // The client neither sends nor closes: only the session's end can stop the relay
+            // reading it.
+            end.ended.cancel();
+        };
+        tokio::join!(relay, ending);
+        assert!(
+            started.elapsed() < DELIVERY_GRACE,
+            "the relay waited {:?} for the client",
+            started.elapsed()
+        );
     }
 }
