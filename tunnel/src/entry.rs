@@ -537,6 +537,10 @@ async fn carry_clients(
 /// a future and awaits it keeps room for it twice), it is an async block rather than an async
 /// function (which would keep its arguments besides the values it moves on), and the
 /// connections to the exit are shared behind one pointer.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
 fn serve_client(
     counted: [Tracked; 2],
     client: Silent<TcpStream>,
@@ -561,6 +565,10 @@ fn serve_client(
 
 /// See [`serve_client`]. The open of the stream is boxed: its state is larger than the relay's,
 /// and needed only until the stream is had.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
 fn forward_client<'a>(
     mut client: Silent<TcpStream>,
     service: &'a ClientService,
