@@ -3,6 +3,7 @@
 pub(crate) mod named;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -168,7 +169,7 @@ pub(crate) async fn run_entry_with(
     let _connections = AbortOnDrop(connections);
 
     let accepting = Accepting {
-        exits,
+        exits: Arc::new(exits),
         options,
         shutdown: shutdown.clone(),
         work: work.clone(),
@@ -201,7 +202,7 @@ pub(crate) async fn run_entry_with(
 /// What every service's accept loop shares.
 #[derive(Clone)]
 pub(crate) struct Accepting {
-    exits: Exits,
+    exits: Arc<Exits>,
     options: EntryOptions,
     shutdown: Shutdown,
     work: Work,
@@ -277,14 +278,14 @@ async fn accept_clients(clients: TcpListener, service: Arc<ClientService>, accep
         );
         // One task per client, so a slow one never holds up the accept loop or the others.
         let client = serve_client(
-            service.lane.track(),
+            [accepting.work.relays.track(), service.lane.track()],
             Silent::new(socket, ticket),
             Arc::clone(&service),
-            accepting.exits.clone(),
+            Arc::clone(&accepting.exits),
             accepting.options.client_wait,
             shutdown.clone(),
         );
-        tokio::spawn(tracked(accepting.work.relays.track(), client).instrument(span));
+        tokio::spawn(client.instrument(span));
     }
     // Clients that connect from now on are refused.
     drop(clients);
@@ -528,64 +529,95 @@ async fn carry_clients(
 /// Forwards one client connection through a gomux connection to the exit; closes it at
 /// once if it loses its place while it is still silent.
 ///
-/// Counted by its service (`counted`) meanwhile, and cut with it when the service, removed,
-/// reaches its drain deadline. (The cut is watched here rather than by a wrapping future,
-/// which would hold this one twice in an unoptimised build.)
-async fn serve_client(
-    counted: Tracked,
+/// Counted meanwhile (`counted`: among the end's relays, and by its service), and cut with
+/// its service when the service, removed, reaches its drain deadline.
+///
+/// This future is the whole of an idle client's task, so it holds each thing once: the guards
+/// and the cut are watched here rather than by a wrapping future (an async function that takes
+/// a future and awaits it keeps room for it twice), it is an async block rather than an async
+/// function (which would keep its arguments besides the values it moves on), and the
+/// connections to the exit are shared behind one pointer.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn serve_client(
+    counted: [Tracked; 2],
     client: Silent<TcpStream>,
     service: Arc<ClientService>,
-    exits: Exits,
+    exits: Arc<Exits>,
     wait: Duration,
     shutdown: Shutdown,
-) {
-    let _counted = counted;
-    let evicted = client.evicted.clone();
-    let _active = service.metrics.accepted();
-    tokio::select! {
-        biased;
-        () = service.lane.cut.cancelled() => {}
-        // Logged by the accept loop; nothing was sent either way, so nothing is lost.
-        () = evicted.cancelled() => service.metrics.refused("silent_evicted"),
-        () = forward_client(client, &service, exits, wait, shutdown) => {}
+) -> impl Future<Output = ()> {
+    async move {
+        let _counted = counted;
+        let evicted = client.evicted.clone();
+        let _active = service.metrics.accepted();
+        tokio::select! {
+            biased;
+            () = service.lane.cut.cancelled() => {}
+            // Logged by the accept loop; nothing was sent either way, so nothing is lost.
+            () = evicted.cancelled() => service.metrics.refused("silent_evicted"),
+            () = forward_client(client, &service, &exits, wait, &shutdown) => {}
+        }
     }
 }
 
-async fn forward_client(
+/// See [`serve_client`]. The open of the stream is boxed: its state is larger than the relay's,
+/// and needed only until the stream is had.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn forward_client<'a>(
     mut client: Silent<TcpStream>,
-    service: &ClientService,
-    exits: Exits,
+    service: &'a ClientService,
+    exits: &'a Exits,
     wait: Duration,
-    shutdown: Shutdown,
-) {
-    let opened = match exits {
-        Exits::Dialled(dialled) => dialled.open(wait).await,
-        Exits::Latest(links, outage) => open_on_latest(links, wait, &shutdown, &outage).await,
-    };
-    let Some((number, mut stream, end)) = opened else {
-        service.metrics.refused("no_exit");
-        if service.socks.load(Ordering::Relaxed) {
-            refuse_socks(&mut client).await;
-        }
-        return;
-    };
-    let span = Span::current();
-    span.record("session", number);
-    span.record("stream", stream.id());
-    // A config-mode stream names its service first (see `preface`): the client's bytes
-    // follow at once, and the exit's answer is taken by the relay before any reply.
-    if let Some(name) = &service.name {
-        if let Err(error) = stream.write_all(&preface::preface(name)).await {
-            debug!(%error, "the stream closed before its preface; closing the client");
+    shutdown: &'a Shutdown,
+) -> impl Future<Output = ()> + 'a {
+    async move {
+        let opened = Box::pin(open_stream(exits, wait, shutdown)).await;
+        let Some((number, mut stream, end)) = opened else {
+            service.metrics.refused("no_exit");
+            if service.socks.load(Ordering::Relaxed) {
+                refuse_socks(&mut client).await;
+            }
             return;
+        };
+        {
+            let span = Span::current();
+            span.record("session", number);
+            span.record("stream", stream.id());
         }
+        // A config-mode stream names its service first (see `preface`): the client's bytes
+        // follow at once, and the exit's answer is taken by the relay before any reply.
+        if let Some(name) = &service.name {
+            if let Err(error) = stream.write_all(&preface::preface(name)).await {
+                debug!(%error, "the stream closed before its preface; closing the client");
+                return;
+            }
+        }
+        debug!("forwarding");
+        // A stream the exit refuses (its accept backlog is full, or it is shutting down) is
+        // closed by it at once: `carry` then closes the client too. A SOCKS5 refusal by the
+        // exit is logged here, where the client's address is known (see `socks_watch`).
+        let carried = Carried::at_entry(&service.metrics, service.name.clone());
+        carry_with(Watched::new(client), stream, &end, carried).await;
     }
-    debug!("forwarding");
-    // A stream the exit refuses (its accept backlog is full, or it is shutting down) is closed
-    // by it at once: `carry` then closes the client too. A SOCKS5 refusal by the exit is
-    // logged here, where the client's address is known (see `socks_watch`).
-    let carried = Carried::at_entry(&service.metrics, service.name.clone());
-    carry_with(Watched::new(client), stream, &end, carried).await;
+}
+
+/// Opens a stream for a client on a connection to the exit, waiting up to `wait` for one to
+/// be had. `None` when the client is to be turned away.
+async fn open_stream(
+    exits: &Exits,
+    wait: Duration,
+    shutdown: &Shutdown,
+) -> Option<(u64, Stream, SessionEnd)> {
+    match exits {
+        Exits::Dialled(dialled) => dialled.open(wait).await,
+        Exits::Latest(links, outage) => open_on_latest(links.clone(), wait, shutdown, outage).await,
+    }
 }
 
 /// Opens a stream on the latest connection an exit dialled in on, waiting up to `wait` for

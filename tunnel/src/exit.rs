@@ -8,14 +8,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use gomux::{Error, Session, Stream};
-use tokio::sync::Semaphore;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info, info_span, warn, Instrument, Span};
 
 use crate::config::{
     AllowList, Credentials, Handshakes, Limits, Priorities, TARGET_CONNECT_TIMEOUT,
 };
 use crate::connect::{accept_sessions, Dialler, Meeting, Peer, Redial};
-use crate::drain::{drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Work};
+use crate::drain::{
+    drain, tracked, AbortOnDrop, SessionEnd, Shutdown, ShutdownReport, Tracked, Work,
+};
 use crate::metrics::{metrics, ServiceMetrics};
 use crate::relay::{carry_with, connect, Carried};
 use crate::services::{Lane, Reloader};
@@ -309,62 +311,79 @@ async fn serve_streams(
             continue;
         };
         let (end, places) = (end.clone(), Arc::clone(&socks_places));
-        let task = match &serving.services {
+        let held = Held {
+            _permit: permit,
+            _relay: work.relays.track(),
+        };
+        match &serving.services {
             Services::One(service) => {
-                let serve = serve_service(stream, Arc::clone(service), end, places);
-                Box::pin(service.lane.carry(serve)) as Task
+                spawn_service(stream, Arc::clone(service), end, places, held, span);
             }
             Services::Named(table) => {
                 let timeout = serving.handshakes.timeout;
-                Box::pin(named::serve_named(
-                    stream,
-                    Arc::clone(table),
-                    end,
-                    places,
-                    timeout,
-                ))
+                let named =
+                    named::serve_named(stream, Arc::clone(table), end, places, timeout, held);
+                tokio::spawn(named.instrument(span));
             }
-        };
-        let task = async move {
-            let _permit = permit;
-            task.await;
-        };
-        tokio::spawn(tracked(work.relays.track(), task).instrument(span));
+        }
     }
     let reason = session.closed().await;
     end.ended.cancel();
     (reason, streams)
 }
 
-/// A stream's task.
-type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+/// What the task of a stream holds until it ends: its place among the streams being served
+/// (taken before the task, so that the streams of all sessions together hold at most the limit
+/// of tasks, target connections and buffers), and its count among the end's relays.
+pub(crate) struct Held {
+    _permit: OwnedSemaphorePermit,
+    _relay: Tracked,
+}
 
-/// Serves one stream of `service`: connects it to the service's target, or to the one its
-/// SOCKS5 request names, and relays until both directions are done. Counted as one of the
-/// service's clients meanwhile. Each kind of service boxes only the future it needs: an idle
-/// stream of a fixed target holds nothing of the SOCKS5 handshake.
-fn serve_service(
+/// Serves one stream of `service` in a task of its own (in `span`): connects it to the
+/// service's target, or to the one its SOCKS5 request names, and relays until both directions
+/// are done, or until the service, removed, is cut at its drain deadline. Counted as one of
+/// the service's clients, and among its relays, meanwhile.
+///
+/// Each kind of service spawns only the future it needs (an idle stream of a fixed target
+/// holds nothing of the SOCKS5 handshake), and watches the cut itself: a wrapping future that
+/// took it and awaited it would keep room for it twice (the argument and the future being
+/// awaited), and the task is all an idle stream holds besides its sockets.
+fn spawn_service(
     stream: Stream,
     service: Arc<ExitRun>,
     end: SessionEnd,
     places: Arc<Semaphore>,
-) -> Task {
-    let active = service.metrics.accepted();
+    held: Held,
+    span: Span,
+) {
+    let counted = (held, service.lane.track(), service.metrics.accepted());
     match service.destination {
         Destination::Fixed(target) => {
             let allowed = service.allow.allows(target);
             stream.set_priority(service.priorities.of(target));
-            let metrics = service.metrics.clone();
-            Box::pin(async move {
-                let _active = active;
-                forward(stream, end, target, allowed, &metrics).await;
-            })
+            let serve = async move {
+                let _counted = counted;
+                tokio::select! {
+                    biased;
+                    () = service.lane.cut.cancelled() => {}
+                    () = forward(stream, end, target, allowed, &service.metrics) => {}
+                }
+            };
+            tokio::spawn(serve.instrument(span));
         }
-        Destination::Socks => Box::pin(async move {
-            let _active = active;
-            let server = Arc::clone(&service.socks);
-            forward_socks(stream, end, server, places, &service.metrics).await;
-        }),
+        Destination::Socks => {
+            let serve = async move {
+                let _counted = counted;
+                let server = Arc::clone(&service.socks);
+                tokio::select! {
+                    biased;
+                    () = service.lane.cut.cancelled() => {}
+                    () = forward_socks(stream, end, server, places, &service.metrics) => {}
+                }
+            };
+            tokio::spawn(serve.instrument(span));
+        }
     }
 }
 

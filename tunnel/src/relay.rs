@@ -54,7 +54,7 @@ pub async fn run_relay(
                 () = cut.cancelled() => return,
             };
             match connected {
-                Ok(socket) => bridge(client, socket, cut.cancelled(), [None, None]).await,
+                Ok(socket) => bridge(client, socket, || cut.cancelled(), [None, None]).await,
                 Err(error) => warn!(%target, %error, "cannot reach the target"),
             }
         };
@@ -87,11 +87,11 @@ pub async fn run_relay(
 /// any more, but goes on writing what the stream still holds to it: when the other end
 /// drained and closed the connection, that is the end of a reply, which the client would
 /// otherwise lose without knowing. Within [`DELIVERY_GRACE`], unless `end.cut` comes first.
-pub async fn carry<T>(tcp: T, stream: Stream, end: &SessionEnd)
+pub fn carry<'a, T>(tcp: T, stream: Stream, end: &'a SessionEnd) -> impl Future<Output = ()> + 'a
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin + 'a,
 {
-    carry_with(tcp, stream, end, Carried::default()).await;
+    carry_with(tcp, stream, end, Carried::default())
 }
 
 /// What a relay counts, and whether its stream starts with the exit's answer to a preface.
@@ -130,11 +130,21 @@ impl Carried {
 /// As [`carry`], counting the bytes each way, and at a config-mode entry taking the exit's
 /// answer to the stream's preface first: a stream the exit refuses closes the client, and is
 /// logged with the service's name.
-pub async fn carry_with<T>(tcp: T, stream: Stream, end: &SessionEnd, carried: Carried)
+///
+/// The relay is the future returned, built here rather than by an async function, which would
+/// keep room for its arguments twice (as arguments, and as the values it moves on): while a
+/// client is idle, this future is most of what it costs.
+pub fn carry_with<'a, T>(
+    tcp: T,
+    stream: Stream,
+    end: &'a SessionEnd,
+    carried: Carried,
+) -> impl Future<Output = ()> + 'a
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin + 'a,
 {
-    let stop = async {
+    // Its wait for `ended` also wakes a read blocked on the TCP side (see `UntilEnded`).
+    let stop = move || async move {
         tokio::select! {
             () = async {
                 end.ended.cancelled().await;
@@ -143,7 +153,10 @@ where
             () = end.cut.cancelled() => {}
         }
     };
-    let tcp = UntilEnded::new(tcp, end.ended.clone());
+    let tcp = UntilEnded {
+        io: tcp,
+        ended: end.ended.clone(),
+    };
     let stream = EndsWhenPeerCloses {
         stream,
         answer: carried.answer_of.map(|service| Answer {
@@ -152,11 +165,12 @@ where
             filled: 0,
         }),
     };
-    bridge(tcp, stream, stop, [carried.from_tcp, carried.to_tcp]).await;
+    bridge(tcp, stream, stop, [carried.from_tcp, carried.to_tcp])
 }
 
 /// Relays between a TCP connection and a gomux stream (or, in the relay, another TCP
-/// connection) until both directions are done, or `stop` resolves.
+/// connection) until both directions are done, or the future `stop` makes resolves (made when
+/// the relay starts, and held once: in the relay's own state).
 ///
 /// Half-closes travel through: when one side reads end-of-file, the other side's write half is
 /// shut down (a TCP FIN one way, a gomux CloseRead the other), and the other direction keeps
@@ -165,47 +179,49 @@ where
 /// A relay holds no buffer while nothing moves: each read borrows one from a shared pool and
 /// gives it back once its bytes are written (see `copy`), so an idle client costs the tunnel
 /// its sockets and the stream's state, not buffers.
-async fn bridge<A, B>(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice"
+)]
+fn bridge<A, B, S>(
     mut tcp: A,
     mut stream: B,
-    stop: impl Future<Output = ()>,
+    stop: impl FnOnce() -> S,
     counters: [Option<Counter>; 2],
-) where
+) -> impl Future<Output = ()>
+where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
+    S: Future<Output = ()>,
 {
-    let relay = copy::copy_both_ways(&mut tcp, &mut stream, counters);
-    tokio::select! {
-        result = relay => match result {
-            Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
-            Err(error) => debug!(%error, "ended by an error"),
-        },
-        // A direction blocked reading a TCP side would not notice the end of the session, or
-        // of the relay, until that side sent something, which could be never: stop now.
-        () = stop => debug!("stopped"),
+    // The sides are used where the block holds them, not moved into locals of its own.
+    async move {
+        let relay = copy::copy_both_ways(&mut tcp, &mut stream, counters);
+        tokio::select! {
+            result = relay => match result {
+                Ok((to_mux, from_mux)) => debug!(to_mux, from_mux, "done"),
+                Err(error) => debug!(%error, "ended by an error"),
+            },
+            // A direction blocked reading a TCP side would not notice the end of the session,
+            // or of the relay, until that side sent something, which could be never: stop now.
+            () = stop() => debug!("stopped"),
+        }
+        // Returning drops both: the TCP connection closes, and the stream sends its close.
     }
-    // Returning drops both: the TCP connection closes, and the stream sends its close.
 }
 
 /// The TCP side of a relay, which reads as ended once the session carrying the stream has
 /// (`ended` is cancelled): nothing it sends could go anywhere. The relay then shuts the stream
 /// down, which [`EndsWhenPeerCloses`] lets succeed, and goes on with the other direction, the
 /// rest of the stream, untouched. (Dropping the relay instead would lose what it holds.)
+///
+/// It registers no waker of its own on `ended`: the relay's stop future (see [`carry_with`])
+/// waits for `ended` in the same task, and each wake polls the relay again, whose read then
+/// finds `ended` cancelled. A read blocked on the TCP side thus wakes when the session ends,
+/// at no cost per client beyond the stop future's.
 struct UntilEnded<T> {
     io: T,
     ended: CancellationToken,
-    /// Waits for `ended`, so that a read blocked on the TCP side wakes when it is cancelled.
-    waiting: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-}
-
-impl<T> UntilEnded<T> {
-    fn new(io: T, ended: CancellationToken) -> UntilEnded<T> {
-        UntilEnded {
-            io,
-            waiting: Box::pin(ended.clone().cancelled_owned()),
-            ended,
-        }
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
@@ -218,11 +234,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for UntilEnded<T> {
         if this.ended.is_cancelled() {
             return Poll::Ready(Ok(())); // end of file
         }
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            // Registered only while the read waits, so a busy connection does not pay for it.
-            Poll::Pending if this.waiting.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(())),
-            other => other,
-        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
@@ -435,5 +447,49 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
                 tokio::time::sleep(ACCEPT_RETRY).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gomux::Session;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Once the session carrying the stream has ended, the relay stops reading a client that
+    /// sends nothing and never closes: with the rest of the stream delivered, it ends at once,
+    /// not when the delivery grace runs out (the paused clock would jump there if the relay
+    /// waited).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_not_read_once_the_session_has_ended() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let (opener, acceptor) = (Session::client(a), Session::server(b));
+        let mut stream = opener.open().await.expect("open");
+        stream.write_all(b"?").await.expect("first bytes");
+        let mut peer = acceptor.accept().await.expect("accept");
+        let mut first = [0; 1];
+        peer.read_exact(&mut first).await.expect("first bytes");
+        // The other end sends the rest of its reply and is done sending; it still reads.
+        peer.write_all(b"the rest").await.expect("reply");
+        peer.shutdown().await.expect("half-close");
+
+        let (mut client, relayed) = tokio::io::duplex(1024);
+        let end = SessionEnd::default();
+        let started = tokio::time::Instant::now();
+        let relay = carry(relayed, stream, &end);
+        let ending = async {
+            let mut reply = Vec::new();
+            client.read_to_end(&mut reply).await.expect("the reply");
+            assert_eq!(reply, b"the rest");
+            // The client neither sends nor closes: only the session's end can stop the relay
+            // reading it.
+            end.ended.cancel();
+        };
+        tokio::join!(relay, ending);
+        assert!(
+            started.elapsed() < DELIVERY_GRACE,
+            "the relay waited {:?} for the client",
+            started.elapsed()
+        );
     }
 }

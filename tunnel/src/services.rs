@@ -11,7 +11,6 @@
 //! to one is logged, and applies at the next start.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
@@ -33,25 +32,10 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    /// Counts one relay of this lane until the guard is dropped (for a relay that watches
-    /// [`Lane::cut`] itself).
+    /// Counts one relay of this lane until the guard is dropped; the relay watches
+    /// [`Lane::cut`] itself.
     pub(crate) fn track(&self) -> Tracked {
         self.relays.track()
-    }
-
-    /// Runs `relay`, counted by this lane, until it finishes or the lane is cut. Count it
-    /// before the task that runs it is spawned (this does).
-    pub(crate) fn carry<F: Future<Output = ()>>(&self, relay: F) -> impl Future<Output = ()> {
-        let counted = self.relays.track();
-        let cut = self.cut.clone();
-        async move {
-            let _counted = counted;
-            tokio::select! {
-                biased;
-                () = cut.cancelled() => {}
-                () = relay => {}
-            }
-        }
     }
 
     /// Stops the service taking clients, and drains its relays in a task of the end's

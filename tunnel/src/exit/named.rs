@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use gomux::Stream;
 use tokio::sync::Semaphore;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Span};
 
-use super::{serve_service, Destination, ExitOptions, ExitRun, Services, SocksOptions, Table};
+use super::{
+    spawn_service, Destination, ExitOptions, ExitRun, Held, Services, SocksOptions, Table,
+};
 use crate::args::{Command, ExitService, TargetArg};
 use crate::config::Handshakes;
 use crate::connect::{Meeting, Peer};
@@ -157,14 +159,16 @@ pub(super) async fn reload(
 }
 
 /// Serves one stream of a config-mode exit: reads its preface (within `timeout`), answers it,
-/// and serves it as its service says; a stream for a service the exit does not have is
-/// answered so, logged with the name, and closed without relaying.
+/// and hands the stream, with what its task holds (`held`), over to a task of its service (see
+/// `spawn_service`); a stream for a service the exit does not have is answered so, logged with
+/// the name, and closed without relaying.
 pub(super) async fn serve_named(
     mut stream: Stream,
     table: Table,
     end: SessionEnd,
     places: Arc<Semaphore>,
     timeout: Duration,
+    held: Held,
 ) {
     let name = match tokio::time::timeout(timeout, preface::read_preface(&mut stream)).await {
         Ok(Ok(Read::Named(name))) => name,
@@ -204,6 +208,5 @@ pub(super) async fn serve_named(
     if service.lane.stop.is_cancelled() {
         return; // removed meanwhile
     }
-    let serve = serve_service(stream, Arc::clone(&service), end, places);
-    service.lane.carry(serve).await;
+    spawn_service(stream, service, end, places, held, Span::current());
 }

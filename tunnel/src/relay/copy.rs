@@ -8,7 +8,7 @@
 //! sender); a direction whose reader reaches end-of-file shuts its writer down (a
 //! half-close) and the other direction carries on; any error ends both.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
@@ -55,11 +55,14 @@ fn give_back(buffer: Box<[u8]>) {
 ///
 /// The first error of a read, a write, a flush or a shutdown on either side, which ends both
 /// directions; `WriteZero` when a writer takes no bytes.
-pub(crate) async fn copy_both_ways<A, B>(
-    a: &mut A,
-    b: &mut B,
+///
+/// The future returned holds the two directions' state and the two sides' references, nothing
+/// more (an async function would also keep its arguments).
+pub(crate) fn copy_both_ways<'a, A, B>(
+    a: &'a mut A,
+    b: &'a mut B,
     counters: [Option<Counter>; 2],
-) -> io::Result<(u64, u64)>
+) -> impl Future<Output = io::Result<(u64, u64)>> + 'a
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -73,7 +76,7 @@ where
         counter: back,
         ..Direction::default()
     };
-    poll_fn(|cx| {
+    poll_fn(move |cx| {
         let there = a_to_b.poll_copy(cx, Pin::new(&mut *a), Pin::new(&mut *b))?;
         let back = b_to_a.poll_copy(cx, Pin::new(&mut *b), Pin::new(&mut *a))?;
         match (there, back) {
@@ -81,7 +84,6 @@ where
             _ => Poll::Pending,
         }
     })
-    .await
 }
 
 /// One direction of the copy.
