@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::{
     AllowList, Credentials, Handshakes, Limits, Priorities, Rule, DEFAULT_DRAIN, DEFAULT_EXIT_WAIT,
-    MAX_CONNECTIONS,
+    DEFAULT_THREADS, MAX_CONNECTIONS, MAX_THREADS,
 };
 use crate::logging::LogFormat;
 use crate::security::Fingerprint;
@@ -90,6 +90,9 @@ ALL    --drain SECONDS     on Ctrl-C or SIGTERM, take no new connections and giv
                            being relayed this long to finish (default 30), then cut them; a
                            second Ctrl-C cuts them at once, a third exits at once
        --log-format FORMAT text (default) or json: one JSON object per line
+       --threads N         run on N threads (default 1; an entry with --connections K: K);
+                           more pay off for an end that carries several connections (an
+                           exit many entries dial) or encrypts more than one core can
        --metrics ADDR      (entry and exit) serve OpenMetrics text on GET /metrics at ADDR,
                            an IP:PORT on loopback unless --metrics-public is given too
 
@@ -122,6 +125,8 @@ pub struct Args {
     pub limits: Limits,
     /// Where to serve the metrics (`--metrics`), checked against `--metrics-public`.
     pub metrics: Option<SocketAddr>,
+    /// The threads the end runs on (`--threads`).
+    pub threads: usize,
 }
 
 /// What the command line asked for.
@@ -272,6 +277,7 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
                 "--socks",
                 "--drain",
                 "--log-format",
+                "--threads",
             ][..],
             SECURITY,
         ]
@@ -290,11 +296,18 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
                 "--max-sessions",
                 "--max-streams",
                 "--log-format",
+                "--threads",
             ][..],
             SECURITY,
         ]
         .concat(),
-        "relay" => vec!["--listen", "--target", "--drain", "--log-format"],
+        "relay" => vec![
+            "--listen",
+            "--target",
+            "--drain",
+            "--log-format",
+            "--threads",
+        ],
         "keygen" => vec!["--out"],
         "fingerprint" => vec!["--key"],
         unknown => {
@@ -320,6 +333,7 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
             let what = match flag {
                 "--drain" | "--handshake-timeout" | "--exit-wait" => "a number of seconds",
                 "--connections" => "a number of connections",
+                "--threads" => "a number of threads",
                 "--max-handshakes" | "--max-sessions" | "--max-streams" => "a number",
                 "--log-format" => "text or json",
                 "--key" | "--out" | "--socks-password-file" => "a path",
@@ -430,6 +444,18 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
         }
         _ => SecurityArg::Insecure,
     };
+    let threads_given = match take("--threads") {
+        None => None,
+        Some(count) => Some(
+            count
+                .parse::<usize>()
+                .ok()
+                .filter(|&count| (1..=MAX_THREADS).contains(&count))
+                .ok_or_else(|| {
+                    format!("--threads needs a number from 1 to {MAX_THREADS}, not {count:?}")
+                })?,
+        ),
+    };
     let connections_given = take("--connections");
     let connections = match &connections_given {
         None => 1,
@@ -441,6 +467,12 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
                 format!("--connections needs a number from 1 to {MAX_CONNECTIONS}, not {count:?}")
             })?,
     };
+    // An entry's K connections get a thread each unless told otherwise.
+    let threads = threads_given.unwrap_or(if mode == "entry" {
+        connections
+    } else {
+        DEFAULT_THREADS
+    });
     let command = match mode.as_str() {
         "keygen" => Command::Keygen {
             out: take("--out").ok_or("--out DIR is required")?.into(),
@@ -534,6 +566,7 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
         entry_socks,
         limits,
         metrics,
+        threads,
     })
 }
 

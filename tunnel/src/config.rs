@@ -12,6 +12,17 @@ use gomux::Config;
 /// few enough that a typo does not open thousands of connections to the exit.
 pub const MAX_CONNECTIONS: usize = 64;
 
+/// The threads an end runs on, unless `--threads` says otherwise: one (an entry that dials K
+/// connections to the exit runs on K). A request and its reply cross an end as a few small
+/// writes; on one thread the task that reads a client and the session that writes its frame
+/// hand over without waking another thread, and those wakeups cost more CPU than the relay
+/// itself. More threads pay off where an end carries several connections at once (an exit
+/// many entries dial) or encrypts more than one core can.
+pub const DEFAULT_THREADS: usize = 1;
+
+/// The most threads `--threads` may ask for.
+pub const MAX_THREADS: usize = 1024;
+
 /// How long the connections being relayed get to finish once a shutdown begins, unless
 /// `--drain` says otherwise.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);

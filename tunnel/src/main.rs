@@ -11,8 +11,7 @@ use gomux_tunnel::Shutdown;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("-h" | "--help" | "help") => return say(USAGE),
@@ -34,6 +33,28 @@ async fn main() {
     // process (see `logging`).
     logging::init(args.log_format);
 
+    // One thread runs everything on it (no wakeups between threads); more share the tasks.
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = runtime.unwrap_or_else(|error| {
+        complain(format_args!(
+            "gomux-tunnel: cannot start the runtime: {error}"
+        ));
+        process::exit(1)
+    });
+    runtime.block_on(serve(args));
+}
+
+/// Runs what `args` asks for until it is done or a signal has shut it down, then exits.
+async fn serve(args: gomux_tunnel::cli::Args) {
     // Take over the signals before anything starts, so that none arrives while their default
     // action (ending the process on the spot) still applies.
     let signals = Signals::new().unwrap_or_else(|error| {

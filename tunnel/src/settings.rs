@@ -40,6 +40,7 @@ struct Keys {
     log_format: Option<String>,
     metrics: Option<String>,
     metrics_public: Option<bool>,
+    threads: Option<u64>,
     // The entry.
     exit: Option<String>,
     accept_exit: Option<String>,
@@ -188,6 +189,7 @@ fn flags(args: &mut Vec<String>, keys: &Keys) {
     value("--drain", seconds(keys.drain));
     value("--log-format", keys.log_format.clone());
     value("--metrics", keys.metrics.clone());
+    value("--threads", number(keys.threads));
     value("--exit", keys.exit.clone());
     value("--accept-exit", keys.accept_exit.clone());
     value("--connections", number(keys.connections));
@@ -295,7 +297,7 @@ mod tests {
     #[test]
     fn an_entry_file_reads_as_its_flags() {
         let args = parse_text(
-            "exit = \"127.0.0.1:7000\"\ninsecure = true\nconnections = 2\n\n\
+            "exit = \"127.0.0.1:7000\"\ninsecure = true\nconnections = 2\nthreads = 4\n\n\
              [[service]]\nname = \"web\"\nlisten = \"127.0.0.1:8080\"\n\n\
              [[service]]\nname = \"proxy\"\nlisten = \"127.0.0.1:1080\"\nsocks = true\n",
         )
@@ -309,6 +311,7 @@ mod tests {
             panic!("an entry: {:?}", args.command)
         };
         assert_eq!(connections, 2);
+        assert_eq!(args.threads, 4);
         assert_eq!(services.len(), 2);
         assert!(services[1].socks);
     }

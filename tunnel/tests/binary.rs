@@ -336,6 +336,64 @@ async fn insecure_mode_says_so_and_carries_as_before() {
     assert_same(&got, &data, "the echo");
 }
 
+/// The threads process `pid` runs, from /proc.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("Threads")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_runs_on_one_thread_unless_given_more() {
+    let echo = echo_server().await;
+    let target = echo.to_string();
+    let exit = End::start(
+        &[
+            "exit",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            &target,
+            "--insecure",
+        ],
+        1,
+    )
+    .await;
+    let exit_addr = exit.addr("entries").to_string();
+    let entry = End::start(
+        &[
+            "entry",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit",
+            &exit_addr,
+            "--insecure",
+            "--threads",
+            "3",
+        ],
+        1,
+    )
+    .await;
+    let mut client = TcpStream::connect(entry.addr("clients"))
+        .await
+        .expect("connect");
+    let data = pattern(11, 512 * 1024);
+    client.write_all(&data).await.expect("send");
+    client.shutdown().await.expect("half-close");
+    let mut got = Vec::new();
+    within("the echo", client.read_to_end(&mut got))
+        .await
+        .expect("receive");
+    assert_same(&got, &data, "the echo");
+    // The exit carried a stream on its one thread; the entry has three workers besides the
+    // thread that started it.
+    assert_eq!(threads_of(exit.child.id().expect("running")), 1);
+    assert!(threads_of(entry.child.id().expect("running")) >= 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ends_with_mismatched_pins_carry_nothing() {
     let scratch = Scratch::new("mismatch");

@@ -931,6 +931,21 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
             target: addr("127.0.0.1:6379"),
         })
     );
+    // One thread unless told otherwise, or one per connection an entry dials.
+    assert_eq!(
+        args("relay --listen 127.0.0.1:7002 --target 127.0.0.1:6379").map(|args| args.threads),
+        Ok(1)
+    );
+    assert_eq!(
+        args("entry --listen 127.0.0.1:7000 --connections 3 --exit 127.0.0.1:7001")
+            .map(|args| args.threads),
+        Ok(3)
+    );
+    assert_eq!(
+        args("entry --threads 4 --listen 127.0.0.1:7000 --exit 127.0.0.1:7001")
+            .map(|args| args.threads),
+        Ok(4)
+    );
     // The reverse direction, with options in any order, and SOCKS5.
     assert_eq!(
         parse("entry --accept-exit 0.0.0.0:7001 --listen 127.0.0.1:1080"),
@@ -1012,6 +1027,11 @@ fn the_command_line_reads_both_directions_and_both_kinds_of_target() {
         ("entry --listen a --exit b --connections 0", "from 1 to 64"),
         ("entry --listen a --exit b --connections 65", "from 1 to 64"),
         ("entry --listen a --exit b --connections two", "not \"two\""),
+        ("exit --listen a --target b --threads 0", "from 1 to 1024"),
+        (
+            "relay --listen a --target b --threads",
+            "needs a number of threads",
+        ),
         (
             "entry --listen a --accept-exit b --connections 2",
             "the exit dials",
