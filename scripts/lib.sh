@@ -18,7 +18,7 @@ require_tools() {
 }
 
 work=$(mktemp -d)
-# Processes the script starts; each is stopped on exit.
+# Processes the script starts; each is stopped on exit (see also $work/pids in cleanup).
 pids=()
 
 # On every exit: stop what we started, and on failure show the end of each log first.
@@ -30,6 +30,13 @@ cleanup() {
             echo "--- last lines of $(basename "$log")" >&2
             tail -n 20 "$log" >&2
         done
+    fi
+    # A process started in a subshell (a command substitution) cannot add itself to $pids:
+    # its pid is in $work/pids instead.
+    if [ -f "$work/pids" ]; then
+        while read -r pid; do
+            pids+=("$pid")
+        done <"$work/pids"
     fi
     for pid in "${pids[@]}"; do
         kill "$pid" 2>/dev/null || true

@@ -53,7 +53,8 @@ start() {
     local name=$1 listener=$2
     shift 2
     RUST_LOG=warn "$tunnel" "$@" >"$work/$name.out" 2>"$work/$name.log" &
-    pids+=($!)
+    # Run in a command substitution, so $pids would not outlive it: cleanup reads this file.
+    echo $! >>"$work/pids"
     for _ in $(seq 200); do
         if grep -q "^listening $listener " "$work/$name.out" 2>/dev/null; then
             awk -v l="$listener" '$1 == "listening" && $2 == l { print $3 }' "$work/$name.out"
