@@ -290,43 +290,42 @@ async fn bad_input_is_refused_logged_once_and_costs_a_running_transfer_nothing()
     assert_eq!(warnings, 2, "entry log:\n{log}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn insecure_mode_says_so_and_carries_as_before() {
+/// An `--insecure` exit in front of an echo server and an entry dialling it, each with
+/// `extra` options besides.
+async fn insecure_ends(exit_extra: &[&str], entry_extra: &[&str]) -> (End, End) {
     let echo = echo_server().await;
     let target = echo.to_string();
-    let exit = End::start(
-        &[
-            "exit",
-            "--listen",
-            "127.0.0.1:0",
-            "--target",
-            &target,
-            "--insecure",
-        ],
-        1,
-    )
-    .await;
+    let mut args = vec![
+        "exit",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        &target,
+        "--insecure",
+    ];
+    args.extend_from_slice(exit_extra);
+    let exit = End::start(&args, 1).await;
     let exit_addr = exit.addr("entries").to_string();
-    let entry = End::start(
-        &[
-            "entry",
-            "--listen",
-            "127.0.0.1:0",
-            "--exit",
-            &exit_addr,
-            "--insecure",
-        ],
-        1,
-    )
-    .await;
-    for end in [&exit, &entry] {
-        end.await_log(&["--insecure", "neither authenticated nor encrypted"], true)
-            .await;
-    }
+    let mut args = vec![
+        "entry",
+        "--listen",
+        "127.0.0.1:0",
+        "--exit",
+        &exit_addr,
+        "--insecure",
+    ];
+    args.extend_from_slice(entry_extra);
+    let entry = End::start(&args, 1).await;
+    (exit, entry)
+}
+
+/// Sends `len` bytes of pattern `seed` through the entry's clients' port, half-closes, and
+/// checks that the echo comes back whole.
+async fn echo_through(entry: &End, seed: u64, len: usize) {
     let mut client = TcpStream::connect(entry.addr("clients"))
         .await
         .expect("connect");
-    let data = pattern(7, 256 * 1024);
+    let data = pattern(seed, len);
     client.write_all(&data).await.expect("send");
     client.shutdown().await.expect("half-close");
     let mut got = Vec::new();
@@ -334,6 +333,16 @@ async fn insecure_mode_says_so_and_carries_as_before() {
         .await
         .expect("receive");
     assert_same(&got, &data, "the echo");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_mode_says_so_and_carries_as_before() {
+    let (exit, entry) = insecure_ends(&[], &[]).await;
+    for end in [&exit, &entry] {
+        end.await_log(&["--insecure", "neither authenticated nor encrypted"], true)
+            .await;
+    }
+    echo_through(&entry, 7, 256 * 1024).await;
 }
 
 /// The threads process `pid` runs, from /proc.
@@ -348,46 +357,8 @@ fn threads_of(pid: u32) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_end_runs_on_one_thread_unless_given_more() {
-    let echo = echo_server().await;
-    let target = echo.to_string();
-    let exit = End::start(
-        &[
-            "exit",
-            "--listen",
-            "127.0.0.1:0",
-            "--target",
-            &target,
-            "--insecure",
-        ],
-        1,
-    )
-    .await;
-    let exit_addr = exit.addr("entries").to_string();
-    let entry = End::start(
-        &[
-            "entry",
-            "--listen",
-            "127.0.0.1:0",
-            "--exit",
-            &exit_addr,
-            "--insecure",
-            "--threads",
-            "3",
-        ],
-        1,
-    )
-    .await;
-    let mut client = TcpStream::connect(entry.addr("clients"))
-        .await
-        .expect("connect");
-    let data = pattern(11, 512 * 1024);
-    client.write_all(&data).await.expect("send");
-    client.shutdown().await.expect("half-close");
-    let mut got = Vec::new();
-    within("the echo", client.read_to_end(&mut got))
-        .await
-        .expect("receive");
-    assert_same(&got, &data, "the echo");
+    let (exit, entry) = insecure_ends(&[], &["--threads", "3"]).await;
+    echo_through(&entry, 11, 512 * 1024).await;
     // The exit carried a stream on its one thread; the entry has three workers besides the
     // thread that started it.
     assert_eq!(threads_of(exit.child.id().expect("running")), 1);
