@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The most bytes (control frames, header and payload) a direct write copies into one piece
 /// and hands to the transport in one plain write: a message of 2 KiB or less with its header.
-const SMALL_FRAME: usize = 2048 + crate::frame::HEADER_LEN;
+pub(crate) const SMALL_FRAME: usize = 2048 + crate::frame::HEADER_LEN;
 
 /// What a direct write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +55,15 @@ impl Direct {
 pub(crate) trait DirectWrite: Send + Sync {
     /// Offers `control` (control frames taken from the queue), `header` and `payload` to the
     /// transport in one call (one per part for a transport without vectored writes), polling
-    /// it with `waker` (the driver's), unless the transport is busy or gone.
-    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8], waker: &Waker) -> Direct;
+    /// it with `waker` (the driver's), unless the transport is busy or gone. A small frame is
+    /// appended to `control` for the call, which leaves `control` as it found it.
+    fn write_frame(
+        &self,
+        control: &mut Vec<u8>,
+        header: &[u8],
+        payload: &[u8],
+        waker: &Waker,
+    ) -> Direct;
 }
 
 /// A spawned session's transport, shared by its driver and its writers.
@@ -118,7 +125,13 @@ impl<T> DirectWrite for IoCell<T>
 where
     T: AsyncWrite + Unpin + Send,
 {
-    fn write_frame(&self, control: &[u8], header: &[u8], payload: &[u8], waker: &Waker) -> Direct {
+    fn write_frame(
+        &self,
+        control: &mut Vec<u8>,
+        header: &[u8],
+        payload: &[u8],
+        waker: &Waker,
+    ) -> Direct {
         let Some(mut guard) = self.try_io() else {
             return Direct::NOTHING;
         };
@@ -129,30 +142,31 @@ where
         let mut io = Pin::new(io);
         // An error (or a transport taking nothing) leaves the frame to the queue: the driver
         // meets the error itself when it writes it, and ends the session as it would have.
-        let parts = [control, header, payload];
-        let total = parts.iter().map(|part| part.len()).sum();
+        let control_len = control.len();
+        let total = control_len + header.len() + payload.len();
         let mut written = 0;
         if total <= SMALL_FRAME {
             // One contiguous write: a vectored one costs the kernel more than the copy here
             // (a 64-byte round trip over TCP, BENCHMARK-HISTORY.md, "Small direct writes in
             // one piece"), and a transport without vectored writes takes the frame in one
-            // call instead of one per part.
-            let mut small = [0; SMALL_FRAME];
-            let mut end = 0;
-            for part in parts {
-                small[end..end + part.len()].copy_from_slice(part);
-                end += part.len();
-            }
-            if let Poll::Ready(Ok(n)) = io.as_mut().poll_write(&mut cx, &small[..total]) {
+            // call instead of one per part. The frame goes after the control frames in their
+            // room, which is lent by the thread and keeps its capacity: nothing is allocated
+            // or cleared for the copy.
+            control.reserve_exact(SMALL_FRAME - control_len);
+            control.extend_from_slice(header);
+            control.extend_from_slice(payload);
+            if let Poll::Ready(Ok(n)) = io.as_mut().poll_write(&mut cx, control) {
                 written = n;
             }
+            control.truncate(control_len);
         } else if self.vectored {
-            let slices = parts.map(IoSlice::new);
+            let slices = [&control[..], header, payload].map(IoSlice::new);
             if let Poll::Ready(Ok(n)) = io.as_mut().poll_write_vectored(&mut cx, &slices) {
                 written = n;
             }
         } else {
             // Part by part, until one is not taken whole.
+            let parts = [&control[..], header, payload];
             for part in parts.into_iter().filter(|part| !part.is_empty()) {
                 let taken = match io.as_mut().poll_write(&mut cx, part) {
                     Poll::Ready(Ok(n)) => n.min(part.len()),

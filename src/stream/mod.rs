@@ -145,11 +145,16 @@ impl Handle {
     /// Writes an admitted frame, with the control frames that go before it, to the transport
     /// when it was admitted to, and reports what the transport took.
     fn write_direct(&self, io: Option<&dyn DirectWrite>, admitted: Admitted, payload: &[u8]) {
-        let (Some(io), Some(batch)) = (io, admitted.direct) else {
+        let (Some(io), Some(mut batch)) = (io, admitted.direct) else {
             return;
         };
         let header = admitted.header;
-        let outcome = io.write_frame(&batch.control, &header.to_bytes(), payload, &batch.waker);
+        let outcome = io.write_frame(
+            &mut batch.control,
+            &header.to_bytes(),
+            payload,
+            &batch.waker,
+        );
         self.shared.with_driver(|inner, wakers| {
             inner.direct_done(self.key, header, payload, batch, outcome, wakers);
         });

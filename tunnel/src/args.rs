@@ -444,28 +444,21 @@ pub fn parse_flags(args: &[String]) -> Result<Args, String> {
         }
         _ => SecurityArg::Insecure,
     };
+    let up_to = |flag: &str, value: &str, max: usize| {
+        value
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| (1..=max).contains(&n))
+            .ok_or_else(|| format!("{flag} needs a number from 1 to {max}, not {value:?}"))
+    };
     let threads_given = match take("--threads") {
         None => None,
-        Some(count) => Some(
-            count
-                .parse::<usize>()
-                .ok()
-                .filter(|&count| (1..=MAX_THREADS).contains(&count))
-                .ok_or_else(|| {
-                    format!("--threads needs a number from 1 to {MAX_THREADS}, not {count:?}")
-                })?,
-        ),
+        Some(value) => Some(up_to("--threads", &value, MAX_THREADS)?),
     };
     let connections_given = take("--connections");
     let connections = match &connections_given {
         None => 1,
-        Some(count) => count
-            .parse::<usize>()
-            .ok()
-            .filter(|&count| (1..=MAX_CONNECTIONS).contains(&count))
-            .ok_or_else(|| {
-                format!("--connections needs a number from 1 to {MAX_CONNECTIONS}, not {count:?}")
-            })?,
+        Some(value) => up_to("--connections", value, MAX_CONNECTIONS)?,
     };
     // An entry's K connections get a thread each unless told otherwise.
     let threads = threads_given.unwrap_or(if mode == "entry" {

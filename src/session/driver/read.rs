@@ -145,8 +145,9 @@ where
         cx: &mut Context<'_>,
         now: &Now,
     ) -> Poll<std::io::Result<Result<usize, Error>>> {
-        let mut stack = [0; STACK_READ];
-        let mut buf = ReadBuf::new(&mut stack);
+        // Left uninitialised: the transport writes what it reads, and only that is looked at.
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
+        let mut buf = ReadBuf::uninit(&mut stack);
         match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
             Poll::Ready(Ok(())) => {
                 let read = buf.filled();

@@ -32,10 +32,13 @@ const DIRECT_CONTROL_MAX: usize = 16;
 
 /// The capacity the thread's room for direct writes' control frames keeps between writes: a
 /// room grown past it (by the rest of an earlier direct write, up to a frame) is given back.
+/// It holds a small direct write's whole frame too (`session::direct`).
 const DIRECT_CONTROL_KEEP: usize = 4 * 1024;
+const _: () = assert!(DIRECT_CONTROL_KEEP >= crate::session::direct::SMALL_FRAME);
 
 thread_local! {
-    /// Room for the control frames a direct write takes (see [`Inner::admit_write`]), one per
+    /// Room for the control frames a direct write takes (see [`Inner::admit_write`]), and for
+    /// a small frame copied after them for the transport call (`session::direct`), one per
     /// thread, lent to the writer from its admission to [`Inner::direct_done`], which happen in
     /// the same poll of the writer's task: sessions hold none, and direct writes allocate
     /// nothing for it in steady state. It keeps at most [`DIRECT_CONTROL_KEEP`] of capacity.
