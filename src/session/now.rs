@@ -10,7 +10,7 @@ use std::cell::OnceCell;
 
 use tokio::time::Instant;
 
-/// A moment, fixed when the value is made ([`Now::at`]) or on the first [`Now::get`]
+/// A moment, fixed when the value is made (`Now::at`, in tests) or on the first [`Now::get`]
 /// ([`Now::later`]); every `get` returns the same moment.
 pub(crate) struct Now(OnceCell<Instant>);
 

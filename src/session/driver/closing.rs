@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::error::Error;
+use crate::session::core::Inner;
 
 /// Transport errors that only say the peer has gone, once it has said it was closing.
 fn peer_gone(error: &Error) -> bool {
@@ -21,6 +22,20 @@ fn peer_gone(error: &Error) -> bool {
     ))
 }
 
+/// What `Connection::check_end` does under the session's lock, for a caller that holds it:
+/// finishes a drain that is over and wakes `wait_idle` once idle, and when the session has
+/// ended queues its final frames and returns true (the driver moves on to flushing). The
+/// wakers go to `wakers`, to be woken once the lock is let go.
+pub(super) fn ended(inner: &mut Inner, wakers: &mut Collected) -> bool {
+    inner.check_draining(wakers.list());
+    inner.wake_if_idle(wakers.list());
+    if inner.end_reason().is_none() {
+        return false;
+    }
+    inner.queue_final_frames();
+    true
+}
+
 impl<T> Connection<T>
 where
     T: AsyncRead + AsyncWrite + Unpin,
@@ -31,10 +46,7 @@ where
     pub(super) fn check_end(&mut self) {
         let mut wakers = Collected::new();
         let mut inner = self.shared.lock();
-        inner.check_draining(wakers.list());
-        inner.wake_if_idle(wakers.list());
-        if inner.end_reason().is_some() {
-            inner.queue_final_frames();
+        if ended(&mut inner, &mut wakers) {
             self.phase = Phase::Flushing;
         }
         drop(inner);

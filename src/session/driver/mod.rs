@@ -342,11 +342,16 @@ where
                 }
             }
             this.poll_timers(cx);
-            this.check_end();
-            if this.phase != Phase::Active {
+            // What `check_end` does, under the lock the driver then checks whether to sleep
+            // under: one lock instead of two for every poll.
+            let mut wakers = Collected::new();
+            let mut inner = this.shared.lock();
+            if closing::ended(&mut inner, &mut wakers) {
+                this.phase = Phase::Flushing;
                 continue;
             }
             if more_to_read {
+                drop(inner);
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -355,7 +360,6 @@ where
             // did since the checks above is missed: a handle finds no waker to take while the
             // driver runs, so a session ended meanwhile (`Session::close` from another thread)
             // must be seen here, or its CloseMux waits for the next keepalive, or for ever.
-            let mut inner = this.shared.lock();
             // (A driver that yielded to the writers was woken by itself, and takes its batch
             // on the next poll.)
             let can_take = this.write_failed.is_none() && this.batch_written();
