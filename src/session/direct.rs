@@ -150,8 +150,8 @@ where
             // (a 64-byte round trip over TCP, BENCHMARK-HISTORY.md, "Small direct writes in
             // one piece"), and a transport without vectored writes takes the frame in one
             // call instead of one per part. The frame goes after the control frames in their
-            // room, which is lent by the thread and keeps its capacity: nothing is allocated
-            // or cleared for the copy.
+            // room, which the thread lends and which keeps its capacity: the copy clears
+            // nothing, and allocates nothing once the thread's room has grown to a small frame.
             control.reserve_exact(SMALL_FRAME - control_len);
             control.extend_from_slice(header);
             control.extend_from_slice(payload);
