@@ -157,6 +157,29 @@ def section(run, title, prose, commands, *tables):
 
 
 # ---------------------------------------------------------------------------------------------
+# The instructions a round trip executes: scripts/round-trip-instructions.sh's lines.
+
+def instructions_paragraph(run):
+    """The instructions a round trip executes in user space (scripts/round-trip-instructions.sh's
+    "MODE N instructions per round trip…" lines), counted once: they do not move with the load."""
+    failed = run.file("instructions.failed")
+    if failed:
+        out("Instructions per round trip not counted: " + failed.strip().replace("\n", "; "), "")
+        return
+    counts = {}
+    for line in (run.file("instructions.txt") or "").splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "instructions":
+            counts[parts[0]] = int(parts[1])
+    tcp, gomux = counts.get("tcp"), counts.get("gomux")
+    if not tcp or not gomux:
+        return
+    out("What a round trip executes in user space, counted by callgrind (the last command above,",
+        "once: the count does not move with the machine's load): "
+        f"raw TCP {tcp:,}, gomux {gomux:,} instructions ({gomux / tcp:.2f} ×).", "")
+
+
+# ---------------------------------------------------------------------------------------------
 # The tunnel with pinned TLS: scripts/tunnel-security.sh's "NAME relays=X plain=Y tls=Z" lines.
 
 def security_section(run):
@@ -655,7 +678,7 @@ def main():
         run, "Round trip of 64 bytes",
         ["A 64-byte message and its echo on one stream, one at a time, both ends in one process; in",
          "µs (Rust: criterion's estimate)."],
-        ["rtt-rust", "rtt-go"],
+        ["rtt-rust", "rtt-go", "rtt-instructions"],
         table(
             ["", "raw TCP", "gomux", "gomux ÷ raw TCP"],
             [
@@ -668,6 +691,8 @@ def main():
             ],
         ),
     )
+
+    instructions_paragraph(run)
 
     # --- Many streams ------------------------------------------------------------------------
     n = meta["many-streams"]

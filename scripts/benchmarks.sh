@@ -30,7 +30,8 @@
 # (--insecure, one gomux connection) beside a Go gomux tunnel, the order of the four turning
 # likewise; then, once each: Redis with pinned TLS against
 # plain TCP (scripts/tunnel-security.sh), perf profiles of the 1-stream and the 1000-stream
-# transfer, the allocation counts of tests/alloc.rs, latency under load over an emulated link
+# transfer, the instructions a round trip executes (scripts/round-trip-instructions.sh, under
+# callgrind), the allocation counts of tests/alloc.rs, latency under load over an emulated link
 # (benches/latency_under_load.rs: a ping every 10 ms beside a bulk stream of the same session,
 # gomux, two TCP connections, Go gomux and yamux), how eight bulk streams of one session share that
 # link and what priority 10 beside 0 takes (benches/shares.rs), and the memory of 10,000 idle sessions beside
@@ -56,13 +57,13 @@
 #
 # Needs cargo, Go (the `go` command, or /usr/local/go/bin/go) with the Go gomux source beside
 # the clone in ../shared/gomux-go, python3 and iperf3; unless --no-redis, redis-server,
-# redis-cli and redis-benchmark; perf for the profiles (left out, with the reason, when it is
-# missing or not permitted). Installs nothing; downloads only the Go modules of
-# benches/go-compare (smux and yamux, pinned by its go.sum) through the Go module proxy, the
-# first time it builds it. On the 2-core development machine
-# the default run took about 7 minutes after the builds when Redis ran once per K (3 of them for
-# Redis; three runs now make that about 9), --quick under a minute; the latency bench's first
-# build takes a few minutes more.
+# redis-cli and redis-benchmark; perf for the profiles and valgrind for the instructions per
+# round trip (each left out, with the reason, when missing or not permitted). Installs
+# nothing; downloads only the Go modules of benches/go-compare (smux and yamux, pinned by its
+# go.sum) through the Go module proxy, the first time it builds it. On the 2-core development
+# machine the default run took about 7 minutes after the builds when Redis ran once per K (3
+# of them for Redis; three runs now make that about 9), --quick under a minute; the latency
+# bench's first build takes a few minutes more.
 set -euo pipefail
 # A failure inside $(...) fails the script too, not only the last command of the substitution.
 shopt -s inherit_errexit
@@ -210,7 +211,7 @@ if [ -z "$go_proxy" ] || [[ $go_proxy =~ (^|[,|])off($|[,|]) ]]; then
 fi
 (cd benches/go-compare && GOFLAGS=-mod=readonly GOPROXY=$go_proxy GOTOOLCHAIN=local "$go" build -o "$compare" .) ||
     fail "cannot build benches/go-compare (its modules come from the Go module proxy: GOPROXY=$go_proxy)"
-cargo build --release --example speed --example many_streams >&2
+cargo build --release --example speed --example many_streams --example round_trips >&2
 if ! $throughput_only; then
     cargo bench --bench latency --no-run >&2
     cargo bench --features tcp --bench latency_under_load --no-run >&2
@@ -615,6 +616,20 @@ fi
 if ! $throughput_only; then
     profile one 1 "$profile_bytes_one"
     profile many 1000 "$profile_bytes_many"
+
+    # What a 64-byte round trip executes in user space, raw TCP and gomux, counted by callgrind:
+    # once, as the count does not move with the load (instructions.txt), or why it is missing
+    # (instructions.failed).
+    instructions=(scripts/round-trip-instructions.sh)
+    echo "instructions per round trip: ${instructions[*]} ($(date -u +%H:%M:%S))" >&2
+    shown rtt-instructions "${instructions[*]}"
+    if ! command -v valgrind >/dev/null; then
+        echo "valgrind not found (Debian: apt-get install valgrind)" >"$work/instructions.failed"
+    elif ! "${instructions[@]}" >"$work/instructions.txt" 2>"$work/instructions.err"; then
+        { grep '^error' "$work/instructions.err" || echo "failed: ${instructions[*]}"; } |
+            tail -n 1 >"$work/instructions.failed"
+        cat "$work/instructions.failed" >&2
+    fi
 
     alloc_test=(cargo test "${alloc_build[@]}" --test alloc -- --nocapture)
     echo "allocations: ${alloc_test[*]} ($(date -u +%H:%M:%S))" >&2

@@ -28,14 +28,26 @@ done
 command -v valgrind >/dev/null || { echo "error: valgrind not found (apt-get install valgrind)" >&2; exit 1; }
 
 cargo build --release --example round_trips >&2
-program=target/release/examples/round_trips
+program=${CARGO_TARGET_DIR:-target}/release/examples/round_trips
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# collected MODE COUNT: the instructions callgrind counted for the whole run.
+# collected MODE COUNT: the instructions callgrind counted for the whole run (the "totals:"
+# line of its output file); fails, showing the end of valgrind's log, without one.
 collected() {
-    valgrind --tool=callgrind --callgrind-out-file="$out/$1.$2" "$program" "$1" --count "$2" \
-        --size "$size" 2>&1 >/dev/null | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+    local file=$out/$1.$2 total
+    if ! valgrind --tool=callgrind --callgrind-out-file="$file" --log-file="$file.log" \
+        "$program" "$1" --count "$2" --size "$size" >/dev/null; then
+        echo "error: valgrind $program $1 --count $2 failed:" >&2
+        tail -n 5 "$file.log" >&2
+        exit 1
+    fi
+    total=$(sed -n 's/^totals: *\([0-9][0-9]*\)$/\1/p' "$file")
+    if ! [[ $total =~ ^[0-9]+$ ]]; then
+        echo "error: no instruction count in $file" >&2
+        exit 1
+    fi
+    echo "$total"
 }
 
 declare -A per_trip

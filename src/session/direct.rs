@@ -54,9 +54,10 @@ impl Direct {
 /// A transport that stream handles may write a frame to, see the module docs.
 pub(crate) trait DirectWrite: Send + Sync {
     /// Offers `control` (control frames taken from the queue), `header` and `payload` to the
-    /// transport in one call (one per part for a transport without vectored writes), polling
-    /// it with `waker` (the driver's), unless the transport is busy or gone. A small frame is
-    /// appended to `control` for the call, which leaves `control` as it found it.
+    /// transport, polling it with `waker` (the driver's), unless the transport is busy or
+    /// gone: in one call (a small frame is appended to `control` for it, and `control`'s
+    /// length and bytes are restored afterwards; its capacity may grow to [`SMALL_FRAME`]),
+    /// or, for a larger frame on a transport without vectored writes, one call per part.
     fn write_frame(
         &self,
         control: &mut Vec<u8>,
@@ -150,8 +151,8 @@ where
             // (a 64-byte round trip over TCP, BENCHMARK-HISTORY.md, "Small direct writes in
             // one piece"), and a transport without vectored writes takes the frame in one
             // call instead of one per part. The frame goes after the control frames in their
-            // room, which the thread lends and which keeps its capacity: the copy clears
-            // nothing, and allocates nothing once the thread's room has grown to a small frame.
+            // room, which the thread lends and which keeps its capacity: the copy allocates
+            // nothing once the thread's room has grown to a small frame.
             control.reserve_exact(SMALL_FRAME - control_len);
             control.extend_from_slice(header);
             control.extend_from_slice(payload);

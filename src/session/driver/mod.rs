@@ -342,10 +342,14 @@ where
                 }
             }
             this.poll_timers(cx);
-            // What `check_end` does, under the lock the driver then checks whether to sleep
-            // under: one lock instead of two for every poll.
+            // Whether the session ended (what `check_end` does) and whether to sleep are
+            // decided under one lock. `wakers` is declared before `inner`, so that on every
+            // way out below the lock is let go before the tasks collected are woken.
             let mut wakers = Collected::new();
             let mut inner = this.shared.lock();
+            // A handle finds no waker to take while the driver runs, so a session ended
+            // meanwhile (`Session::close` from another thread) must be seen here, or its
+            // CloseMux waits for the next keepalive, or for ever.
             if closing::ended(&mut inner, &mut wakers) {
                 this.phase = Phase::Flushing;
                 continue;
@@ -356,15 +360,12 @@ where
                 return Poll::Pending;
             }
             // Sleep until a handle queues output (it takes this waker) or the transport or a
-            // timer wakes us. Checked and registered under one lock, so that nothing a handle
-            // did since the checks above is missed: a handle finds no waker to take while the
-            // driver runs, so a session ended meanwhile (`Session::close` from another thread)
-            // must be seen here, or its CloseMux waits for the next keepalive, or for ever.
-            // (A driver that yielded to the writers was woken by itself, and takes its batch
-            // on the next poll.)
+            // timer wakes us. Checked and registered under the lock taken above, so that
+            // nothing a handle did since the checks before it is missed. (A driver that
+            // yielded to the writers was woken by itself, and takes its batch on the next
+            // poll.)
             let can_take = this.write_failed.is_none() && this.batch_written();
             if can_take && inner.has_output() && !inner.yielded_to_writers()
-                || inner.end_reason().is_some()
                 || inner.drained()
                 || this.read_paused && !inner.control_over_limit()
             {

@@ -8,8 +8,9 @@
 //!   [`Inner::direct_done`] reports what the transport took, so nothing comes between the
 //!   frame's bytes. The transport call is made between the two, without the session's lock: a
 //!   transport slow to take a write holds up nobody else's use of the state.
-//! - The control frames' bytes go into a room lent by the thread ([`DIRECT_CONTROL`]), so a
-//!   direct write allocates nothing in steady state.
+//! - The control frames' bytes go into a room lent by the thread ([`DIRECT_CONTROL`]), where a
+//!   small frame is copied after them for the transport call, so a direct write allocates
+//!   nothing in steady state.
 //! - What the transport does not take of the control frames, and of a frame it took part of (at
 //!   most one frame, outside `write_buffer_size`), the driver writes before anything else
 //!   (`Control::DirectRest`); a frame it took nothing of is queued as any other.
