@@ -16,8 +16,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// connections to the exit runs on K). A request and its reply cross an end as a few small
 /// writes; on one thread the task that reads a client and the session that writes its frame
 /// hand over without waking another thread; on several threads each request pays for such
-/// wakeups (a futex call, an eventfd write, a context switch). More threads pay off where an end carries several connections at once (an exit
-/// many entries dial) or encrypts more than one core can.
+/// wakeups (a futex call, an eventfd write, a context switch). More threads pay off where an
+/// end carries several connections at once (an exit many entries dial) or encrypts more than
+/// one core can.
 pub const DEFAULT_THREADS: usize = 1;
 
 /// The most threads `--threads` may ask for.
