@@ -1,6 +1,6 @@
 """Writes BENCHMARKS.md (on stdout) from the figures scripts/benchmarks.sh collected.
 
-usage: python3 scripts/benchmarks.py WORK_DIR NOTES_FILE
+usage: python3 scripts/benchmarks.py WORK_DIR NOTES_FILE [PREVIOUS]
 
 WORK_DIR holds what the measuring script wrote:
 
@@ -12,19 +12,23 @@ WORK_DIR holds what the measuring script wrote:
 - order: "round<TAB>command<TAB>rows in order" lines, the order the rows of a round ran in;
 - perf-NAME.txt: the top of a perf report (or perf-NAME.failed), perf-NAME.samples;
 - alloc.txt: the output of the allocation test (alloc.failed if it failed);
-- loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed).
-- shares.txt: the table of benches/shares.rs (shares.failed if it failed).
+- loaded.txt: the table of benches/latency_under_load.rs (loaded.failed if it failed);
+- shares.txt: the table of benches/shares.rs (shares.failed if it failed);
 - idle-sessions.txt: the output of benches/idle_sessions.rs (idle-sessions.failed if it failed).
 
 NOTES_FILE (may be empty: no notes) is Markdown included as it is. Every figure printed comes
-from these files; the text around them holds none of its own.
+from these files; the text around them holds none of its own. PREVIOUS is the document this one
+replaces: its sections measured apart from the run are carried over.
+
+This file holds the targets and the document's order; benchmark_run.py reads the work directory
+and holds the Markdown helpers, benchmark_redis.py the sections of the tunnel's Redis runs.
 """
 
-import math
-import os
 import re
-import statistics
 import sys
+
+from benchmark_redis import Redis, security_section
+from benchmark_run import Run, bench_table, code_block, out, r2, section, streams, table
 
 # The targets the figures are held against: (bound, direction), read "at least" for ">=".
 TARGET_LIMIT = 0.90
@@ -35,8 +39,6 @@ TARGET_SMUX = 1.5
 TARGET_GO_YAMUX = 1.5
 TARGET_RTT = 1.05
 TARGET_ECHO = 4.0
-TARGET_REDIS = 1.0
-TARGET_REDIS_GO = 1.5
 TARGET_IDLE = 256
 TARGET_ALLOC = 0.0
 TARGET_IDLE_SESSION = 2048
@@ -45,115 +47,6 @@ TARGET_IDLE_SESSION_GO = 10.0
 
 # The Go multiplexers beside Go gomux: (key of their rows, name, target ratio).
 GO_MUXES = (("go-smux", "Go smux", TARGET_SMUX), ("go-yamux", "hashicorp/yamux", TARGET_GO_YAMUX))
-
-
-class Run:
-    """Everything one run measured."""
-
-    def __init__(self, work):
-        self.work = work
-        self.values = {}  # (round, key) -> float
-        with open(os.path.join(work, "results")) as results:
-            for line in results:
-                round_, key, value = line.split()
-                self.values[int(round_), key] = float(value)
-        self.meta = {}
-        with open(os.path.join(work, "meta")) as meta:
-            for line in meta:
-                key, _, value = line.rstrip("\n").partition("\t")
-                self.meta[key] = value
-        self.rounds = int(self.meta["rounds"])
-        self.streams = self.meta["streams"].split()
-        # The limit beside each stream count's rows: the better of iperf3 and the speed tool's
-        # tcp mode, measured with them.
-        for r in range(1, self.rounds + 1):
-            for k in self.streams:
-                limits = [self.values[r, f"tp-{k}-{w}"] for w in ("iperf3", "tcp") if (r, f"tp-{k}-{w}") in self.values]
-                if limits:
-                    self.values[r, f"tp-{k}-limit"] = max(limits)
-
-    def file(self, name):
-        """The content of a file of the work directory, or None."""
-        path = os.path.join(self.work, name)
-        if not os.path.exists(path):
-            return None
-        with open(path, errors="replace") as f:
-            return f.read()
-
-    def per_round(self, key):
-        return [self.values[r, key] for r in range(1, self.rounds + 1) if (r, key) in self.values]
-
-    def median(self, key):
-        values = self.per_round(key)
-        return statistics.median(values) if values else None
-
-    def ratios(self, top, bottom):
-        """top / bottom within each round."""
-        return [
-            self.values[r, top] / self.values[r, bottom]
-            for r in range(1, self.rounds + 1)
-            if (r, top) in self.values and (r, bottom) in self.values and self.values[r, bottom] > 0
-        ]
-
-    def ratio(self, top, bottom):
-        """The median of the ratios within each round, or None."""
-        values = self.ratios(top, bottom)
-        return statistics.median(values) if values else None
-
-    def ratio_text(self, top, bottom):
-        """"median (min–max)" of the ratios within each round."""
-        values = self.ratios(top, bottom)
-        if not values:
-            return "–"
-        text = r2(statistics.median(values))
-        if len(values) > 1:
-            text += f" ({r2(min(values))}–{r2(max(values))})"
-        return text
-
-    def row(self, label, keys, spec, ratios=()):
-        """A table row: the label, the medians of keys formatted with spec, then the ratios
-        (top, bottom) within each round."""
-        return [label] + [fmt(self.median(k), spec) for k in keys] + [self.ratio_text(*r) for r in ratios]
-
-    def command(self, key):
-        return self.meta.get("command-" + key, "")
-
-
-def r2(x):
-    """Two decimals, or two significant digits for a ratio far below 1."""
-    return f"{x:.2f}" if x >= 0.1 else f"{x:.2g}"
-
-
-def streams(k):
-    return f"{k} stream" if k == "1" else f"{k} streams"
-
-
-def fmt(x, spec):
-    return "–" if x is None else format(x, spec)
-
-
-def table(header, rows, align=None):
-    """A Markdown table; numbers are right-aligned unless align says otherwise."""
-    align = align or ["---"] + ["--:"] * (len(header) - 1)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def code_block(text):
-    return "```sh\n" + text + "\n```"
-
-
-def out(*parts):
-    print(*parts, sep="\n")
-
-
-def section(run, title, prose, commands, *tables):
-    """A measurement's section: its title, what it measures, the commands that measured it (keys
-    of run's commands), then its tables."""
-    out(f"## {title}", "", *prose, "", code_block("\n".join(run.command(c) for c in commands)), "")
-    for t in tables:
-        out(t, "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,112 +75,6 @@ def instructions_paragraph(run):
 # ---------------------------------------------------------------------------------------------
 # The tunnel with pinned TLS: scripts/tunnel-security.sh's "NAME relays=X plain=Y tls=Z" lines.
 
-def security_section(run):
-    section(
-        run, "The tunnel with pinned TLS",
-        ["The tunnel tool with mutual TLS 1.3 between its ends (its default), against the same",
-         "tunnel over plain TCP (`--insecure`) and two plain TCP relays in a row, all three started",
-         "side by side in one run: `redis-benchmark -k 1 -c 50` (requests per second) and one",
-         "iperf3 stream (Mbit/s received):"],
-        ["security"],
-    )
-    failed = run.file("security.failed")
-    if failed:
-        out("Not measured: " + failed.strip().replace("\n", "; "), "")
-        return
-    rows = []
-    for line in (run.file("security.txt") or "").splitlines():
-        fields = line.split()
-        if not fields or "=" not in line or ":" in fields[0]:
-            continue
-        try:
-            values = dict((k, float(v)) for k, v in (f.split("=", 1) for f in fields[1:]))
-        except ValueError:
-            continue
-        relays, plain, tls = values.get("relays", 0), values.get("plain", 0), values.get("tls", 0)
-        if relays > 0 and plain > 0:
-            rows.append([fields[0], f"{relays:.0f}", f"{plain:.0f}", f"{tls:.0f}", r2(tls / plain), r2(tls / relays)])
-    out(table(["measure", "relays", "plain tunnel", "TLS tunnel", "TLS ÷ plain", "TLS ÷ relays"],
-              rows, ["---", "--:", "--:", "--:", "--:", "--:"]), "")
-
-
-# ---------------------------------------------------------------------------------------------
-# Redis: scripts/redis-tunnel.sh's tables.
-
-
-def redis_tables(text):
-    """{"-k 1": [(command, direct, relay, tunnel, tunnel p50)], "-k 0": [...]} from its output."""
-    tables = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("keep-alive connections"):
-            current = tables.setdefault("-k 1", [])
-        elif line.startswith("a new connection per request"):
-            current = tables.setdefault("-k 0", [])
-        elif current is not None and line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if len(cells) >= 8 and re.fullmatch(r"[0-9.]+", cells[1]):
-                current.append((cells[0], float(cells[1]), float(cells[2]), float(cells[3]), cells[7]))
-        elif not line.strip():
-            current = None
-    return tables
-
-
-def redis_go_table(text):
-    """[(command, relays, tunnel, Go tunnel)] of the keep-alive table that sets the tunnel beside
-    a Go gomux tunnel (redis-tunnel.sh --go)."""
-    rows = []
-    current = False
-    for line in text.splitlines():
-        if line.startswith("the Rust tunnel and a Go gomux tunnel, keep-alive"):
-            current = True
-        elif current and line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if len(cells) >= 5 and re.fullmatch(r"[0-9.]+", cells[1]):
-                rows.append((cells[0], float(cells[1]), float(cells[2]), float(cells[3])))
-        elif not line.strip():
-            current = False
-    return rows
-
-
-def redis_plain_summary(runs):
-    """The plain runs' rows: [(command, [(direct, relays, tunnel, Go tunnel)])], one tuple per
-    run that measured the command all four ways, in the order of the first such run."""
-    commands = {}
-    for text in runs:
-        direct = {c: d for c, d, _, _, _ in redis_tables(text).get("-k 1", [])}
-        for command, relay, tunnel, go in redis_go_table(text):
-            if command in direct and direct[command] > 0 and relay > 0 and go > 0:
-                commands.setdefault(command, []).append((direct[command], relay, tunnel, go))
-    return list(commands.items())
-
-
-def redis_summary(runs, mode):
-    """The rows of one -k mode over the runs of one K: [(command, [(direct, relay, tunnel)])],
-    in the order of the first run that has the command."""
-    commands = {}
-    for run_tables in runs:
-        for command, direct, relay, tunnel, _ in run_tables.get(mode, []):
-            if direct > 0 and relay > 0:
-                commands.setdefault(command, []).append((direct, relay, tunnel))
-    return list(commands.items())
-
-
-def median_range(values, spec):
-    """"median (min–max)" of values formatted with spec, or the one value."""
-    text = format(statistics.median(values), spec)
-    if len(values) > 1:
-        text += f" ({format(min(values), spec)}–{format(max(values), spec)})"
-    return text
-
-
-def ratio_range(values):
-    text = r2(statistics.median(values))
-    if len(values) > 1:
-        text += f" ({r2(min(values))}–{r2(max(values))})"
-    return text
-
-
 def perf_row(line, cells):
     """A perf report line ("12.34%  object  [.] symbol") as table cells, code-formatted."""
     parts = line.split(None, cells - 1)
@@ -299,34 +86,8 @@ def perf_row(line, cells):
     return [parts[0]] + ["`" + t.replace("|", "\\|") + "`" for t in text]
 
 
-def geometric_mean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 # ---------------------------------------------------------------------------------------------
 # The document.
-
-
-def bench_table(run, key, header, align, text, row, remarked):
-    """A bench's own table: `row(cells)` turns each line that is not a comment into a row (or
-    None), comments for which `remarked(line)` holds become remarks, and a failed bench says so."""
-    rows, remarks = [], []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            if remarked(line):
-                remarks.append(line.lstrip("# "))
-            continue
-        cells = row(line.split())
-        if cells is not None:
-            rows.append(cells)
-    out(table(header, rows, align), "")
-    failed = run.file(f"{key}.failed")
-    if failed is not None:
-        remarks.append("the bench failed: " + " ".join(failed.split()))
-    for remark in remarks:
-        out(f"- {remark}")
-    if remarks:
-        out("")
 
 
 def loaded_section(run):
@@ -407,32 +168,7 @@ def main():
     meta = run.meta
     counts = run.streams
 
-    redis_results = {}  # K -> the tables of every run that has them, or why none has
-    redis_runs = int(meta.get("redis-runs", "1"))
-    if meta.get("redis") == "true":
-        for k in meta.get("redis-connections", "").split():
-            runs, failures = [], []
-            for r in range(1, redis_runs + 1):
-                failed = run.file(f"redis-{k}-{r}.failed")
-                if failed:
-                    failures.append(f"run {r}: {failed.strip()}")
-                else:
-                    runs.append(redis_tables(run.file(f"redis-{k}-{r}.txt") or ""))
-            # A run that failed leaves the figures of the others standing, but no range that
-            # hides it: the failure is shown beside them.
-            redis_results[k] = (runs, failures)
-
-    # The plain tunnel beside a Go gomux tunnel: the output of every run that has one, and why
-    # the others have none.
-    redis_plain_runs, redis_plain_failures = [], []
-    if meta.get("redis") == "true" and "command-redis-plain" in meta:
-        for r in range(1, redis_runs + 1):
-            failed = run.file(f"redis-plain-{r}.failed")
-            if failed:
-                redis_plain_failures.append(f"run {r}: {failed.strip()}")
-            else:
-                redis_plain_runs.append(run.file(f"redis-plain-{r}.txt") or "")
-    redis_plain_rows = redis_plain_summary(redis_plain_runs)
+    redis = Redis(run)
 
     allocs = []  # (case, units, what, calls, per unit, bytes)
     alloc_text = run.file("alloc.txt") or ""
@@ -526,44 +262,7 @@ def main():
                  TARGET_RTT, at_least=False)
     ratio_target(f"{meta['many-streams']} × 1 KiB echo ≥ {TARGET_ECHO:.0f} × as fast as Go gomux's",
                  "many-go-echo", "many-rust-echo", TARGET_ECHO)
-    plain_targets = (
-        (f"Redis through the tunnel in its plain mode (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays",
-         TARGET_REDIS, lambda d, r, t, g: t / r),
-        (f"Redis through the tunnel in its plain mode (1 connection, -k 1) ≥ {TARGET_REDIS_GO:.1f} × a Go gomux tunnel",
-         TARGET_REDIS_GO, lambda d, r, t, g: t / g),
-    )
-    # Per target, the geometric mean over the commands of the median ratio over the runs.
-    plain_means = [
-        geometric_mean([statistics.median([ratio(*v) for v in values]) for _, values in redis_plain_rows])
-        if redis_plain_rows else None
-        for _, _, ratio in plain_targets
-    ]
-    for (name, bound, _), value in zip(plain_targets, plain_means):
-        if redis_plain_failures:
-            targets.append((name, "failed: " + "; ".join(redis_plain_failures), "**failed**"))
-        elif value is not None:
-            n = len(redis_plain_runs)
-            target(name, value, bound, True,
-                   f"{r2(value)} (geometric mean over the commands of the median over {n} run{'s' if n > 1 else ''})")
-        else:
-            reason = "not measured (--no-redis)" if meta.get("redis") != "true" else "no figures"
-            targets.append((name, reason, "–"))
-    redis_name = f"Redis through the tunnel with pinned TLS (1 connection, -k 1) ≥ {TARGET_REDIS:.1f} × the two relays"
-    redis_runs_one, redis_failures_one = redis_results.get("1", ([], []))
-    redis_rows_one = redis_summary(redis_runs_one, "-k 1")
-    if redis_failures_one:
-        targets.append((redis_name, "failed: " + "; ".join(redis_failures_one), "**failed**"))
-    elif redis_rows_one:
-        # Per command, the median over the runs of tunnel ÷ relays within each run.
-        value = geometric_mean([statistics.median([t / r for _, r, t in runs]) for _, runs in redis_rows_one])
-        target(
-            redis_name, value, TARGET_REDIS, True,
-            f"{r2(value)} (geometric mean over the commands of the median over"
-            f" {len(redis_runs_one)} run{'s' if len(redis_runs_one) > 1 else ''})",
-        )
-    else:
-        reason = "not measured (--no-redis)" if meta.get("redis") != "true" else "no figures"
-        targets.append((redis_name, reason, "–"))
+    redis.add_targets(targets, target)
     idle = run.median("many-rust-idle")
     target(
         f"≤ {TARGET_IDLE} bytes per idle stream end", idle, TARGET_IDLE, False,
@@ -714,74 +413,7 @@ def main():
         ),
     )
 
-    # --- Redis -------------------------------------------------------------------------------
-    if meta.get("redis") != "true":
-        out("## Redis through the tunnel", "", "Not measured: the run was made with `--no-redis`.", "")
-    else:
-        section(
-            run, "Redis through the tunnel",
-            ["`redis-benchmark` against Redis directly, through two plain TCP relays in a row (the",
-             "same two hops and copying as the tunnel, one TCP connection per client) and through",
-             "the tunnel tool (pinned TLS between its ends), whose entry carries the clients over K gomux connections; each K",
-             f"is its own run of the script, {'once' if redis_runs == 1 else f'{redis_runs} times'} after the rounds"
-             + (", the order of direct, relays and tunnel turning from run to run (each first in one"
-                " run and last in another)" if redis_runs > 1 else "")
-             + ". Requests per second, the median over the runs with the range in brackets; a ratio is"
-             " the median of the ratios within each run:"],
-            ["redis"],
-        )
-        for mode, title in (("-k 1", "Keep-alive connections (`-k 1`)"),
-                            ("-k 0", "A new connection per request (`-k 0`)")):
-            rows = []
-            means = []
-            for k, (runs, failures) in redis_results.items():
-                for failure in failures:
-                    rows.append([k, failure, "", "", "", "", ""])
-                lines = redis_summary(runs, mode)
-                for command, values in lines:
-                    rows.append([k, command] + [median_range([v[i] for v in values], ".0f") for i in range(3)]
-                                + [ratio_range([t / r for _, r, t in values]),
-                                   ratio_range([t / d for d, _, t in values])])
-                if lines:
-                    value = geometric_mean([statistics.median([t / r for _, r, t in v]) for _, v in lines])
-                    means.append(f"K = {k}: {r2(value)}")
-            out(
-                f"{title}:",
-                "",
-                table(["K", "command", "direct", "relays", "tunnel", "tunnel ÷ relays", "tunnel ÷ direct"],
-                      rows, ["--:", "---", "--:", "--:", "--:", "--:", "--:"]),
-                "",
-            )
-            if means:
-                out("Geometric mean over the commands of the median tunnel ÷ relays: " + "; ".join(means) + ".", "")
-
-    # --- Redis, the plain tunnel beside Go gomux's ---------------------------------------------
-    if meta.get("redis") == "true" and "command-redis-plain" in meta:
-        n = len(redis_plain_runs) + len(redis_plain_failures)
-        section(
-            run, "Redis through the plain tunnel beside a Go gomux tunnel",
-            ["`redis-benchmark -k 1` against Redis directly, through the two plain TCP relays, through",
-             "the tunnel tool over plain TCP (`--insecure`, one gomux connection) and through a Go gomux",
-             "tunnel of the same shape (the Go peer's `tunnel entry` and `tunnel exit`: one Go gomux",
-             f"session, every client a stream), all four started side by side; {'one run' if n == 1 else f'{n} runs'}"
-             + (", the order of the four turning from run to run" if n > 1 else "")
-             + ". Requests per second, the median over the runs with the range in brackets; a ratio is"
-             " the median of the ratios within each run:"],
-            ["redis-plain"],
-        )
-        rows = [[failure, "", "", "", "", "", ""] for failure in redis_plain_failures]
-        for command, values in redis_plain_rows:
-            rows.append([command] + [median_range([v[i] for v in values], ".0f") for i in range(4)]
-                        + [ratio_range([ratio(*v) for v in values]) for _, _, ratio in plain_targets])
-        out(
-            table(["command", "direct", "relays", "tunnel", "Go gomux tunnel", "tunnel ÷ relays",
-                   "tunnel ÷ Go gomux tunnel"],
-                  rows, ["---", "--:", "--:", "--:", "--:", "--:", "--:"]),
-            "",
-        )
-        if redis_plain_rows:
-            out(f"Geometric mean over the commands of the median tunnel ÷ relays: {r2(plain_means[0])};"
-                f" tunnel ÷ Go gomux tunnel: {r2(plain_means[1])}.", "")
+    redis.sections()
 
     # --- Latency under load ------------------------------------------------------------------
     loaded_section(run)
