@@ -66,6 +66,9 @@ pub struct Stats {
     /// Keepalive frames sent.
     pub keepalives_sent: u64,
     /// Keepalive frames received.
+    ///
+    /// The counts of streams and keepalives stop at `u32::MAX` (4,294,967,295): a side has 2^31
+    /// stream ids, and a keepalive a second takes 136 years to get there.
     pub keepalives_received: u64,
     /// Received data not yet read, over all streams, now…
     pub buffered: u64,

@@ -149,7 +149,7 @@ impl Inner {
                 list.wake_all(wakers);
             }
         }
-        wakers.extend(self.driver_waker.take());
+        wakers.extend(self.take_driver_waker());
     }
 
     /// Starts a graceful close: no new stream either way, queued inbound streams refused, and

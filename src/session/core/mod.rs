@@ -108,7 +108,7 @@ impl Shared {
         inner.wake_if_idle(&mut wakers);
         inner.wake_opener_if_able(&mut wakers);
         let driver = if inner.driver_needed() {
-            inner.driver_waker.take()
+            inner.take_driver_waker()
         } else {
             None
         };
@@ -123,19 +123,28 @@ impl Shared {
 
 /// The counters behind [`Stats`] that the session keeps; the others are computed when a
 /// snapshot is taken (every session pays for what is kept: `tests/idle_memory.rs`).
+///
+/// Counts of streams and keepalives take 32 bits, and stop at `u32::MAX` ([`bump`]): a side
+/// opens at most 2^31 streams (its stream ids), and a keepalive every second takes 136 years
+/// to get there; a peer sending more opens or keepalives than that sees the counts stop.
 #[derive(Debug, Default)]
 struct Counters {
     frames_sent: u64,
     bytes_received: u64,
     frames_received: u64,
-    streams_opened: u64,
-    streams_accepted: u64,
-    streams_refused: u64,
-    keepalives_sent: u64,
-    keepalives_received: u64,
     buffered: u64,
     peak_buffered: u64,
-    refused_by_peer: u64,
+    streams_opened: u32,
+    streams_accepted: u32,
+    streams_refused: u32,
+    keepalives_sent: u32,
+    keepalives_received: u32,
+    refused_by_peer: u32,
+}
+
+/// Adds `n` to a 32-bit count, which stops at its largest value (see [`Counters`]).
+fn bump(count: &mut u32, n: u32) {
+    *count = count.saturating_add(n);
 }
 
 /// The parts of a session's state that few sessions use, boxed and made on first use, so that
@@ -201,8 +210,9 @@ pub(crate) struct Inner {
     life: Lifecycle,
     /// What the peer is, its unacknowledged streams, and the opens waiting for them.
     peer: Peer,
-    /// The driver's waker, taken by whoever gives it something to do.
-    driver_waker: Option<Waker>,
+    /// The driver sleeps and has not been woken since: whoever gives it something to do wakes
+    /// it (with the waker `Outgoing::driver_waker` keeps) and clears this.
+    driver_asleep: bool,
     /// The driver sleeps with a batch in hand that the transport does not take yet: the
     /// transport wakes it, and it then takes what was queued meanwhile, so queueing output
     /// need not wake it.
@@ -239,7 +249,7 @@ impl Inner {
             out: Outgoing::new(),
             life: Lifecycle::new(),
             peer: Peer::new(),
-            driver_waker: None,
+            driver_asleep: false,
             driver_writing: false,
             clock: now,
             min_rtt: MinRtt::default(),
@@ -328,14 +338,14 @@ impl Inner {
             frames_sent: self.stats.frames_sent,
             bytes_received: self.stats.bytes_received,
             frames_received: self.stats.frames_received,
-            streams_opened: self.stats.streams_opened,
-            streams_accepted: self.stats.streams_accepted,
-            streams_refused: self.stats.streams_refused,
-            keepalives_sent: self.stats.keepalives_sent,
-            keepalives_received: self.stats.keepalives_received,
+            streams_opened: self.stats.streams_opened.into(),
+            streams_accepted: self.stats.streams_accepted.into(),
+            streams_refused: self.stats.streams_refused.into(),
+            keepalives_sent: self.stats.keepalives_sent.into(),
+            keepalives_received: self.stats.keepalives_received.into(),
             buffered: self.stats.buffered,
             peak_buffered: self.stats.peak_buffered,
-            refused_by_peer: self.stats.refused_by_peer,
+            refused_by_peer: self.stats.refused_by_peer.into(),
         }
     }
 
@@ -385,9 +395,17 @@ impl Inner {
     /// Registers the driver's waker, unless it is the one already stored; `writing` says
     /// whether it sleeps with a batch the transport has not taken yet.
     pub(crate) fn set_driver_waker(&mut self, waker: &Waker, writing: bool) {
-        stream_state::register(&mut self.driver_waker, waker);
+        self.driver_asleep = true;
         self.driver_writing = writing;
         self.driver_sleeps(waker);
+    }
+
+    /// The driver's waker if it sleeps and nobody woke it since; it counts as woken from now.
+    fn take_driver_waker(&mut self) -> Option<Waker> {
+        if !std::mem::take(&mut self.driver_asleep) {
+            return None;
+        }
+        self.out.driver_waker.clone()
     }
 
     /// Gives back the buffers kept for reuse, and the capacity of the queues that are empty:

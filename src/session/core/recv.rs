@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::outgoing::Control;
 use super::recv_buf::{Payload, RecvBuffer, Source};
 use super::stream_state::{PeerSaid, Queued, RecvState, StreamState, WriteWait};
-use super::{micros_since, Inner, Now, PeerKind, WaitList};
+use super::{bump, micros_since, Inner, Now, PeerKind, WaitList};
 use crate::error::{Error, ProtocolError};
 use crate::flow::add_send_credit;
 #[cfg(test)]
@@ -79,7 +79,7 @@ impl Inner {
                 self.on_peer_close(id, wakers, |s| s.on_peer_closed(true))
             }
             Kind::CloseStream => self.on_peer_close(id, wakers, |s| s.on_peer_closed(false)),
-            Kind::Keepalive => self.stats.keepalives_received += 1,
+            Kind::Keepalive => bump(&mut self.stats.keepalives_received, 1),
             Kind::CloseMux => {
                 if self.peer.greeted() {
                     self.refuse_unacknowledged(wakers);
@@ -125,7 +125,7 @@ impl Inner {
 
     /// Counts and logs the refusal of a stream of ours whose handle is gone.
     fn forgotten_refused(&mut self, _id: u32) {
-        self.stats.refused_by_peer += 1;
+        bump(&mut self.stats.refused_by_peer, 1);
         event!(
             warn,
             session = self.id,
@@ -255,7 +255,7 @@ impl Inner {
             || self.streams.len() >= self.config.max_streams
         {
             self.queue_control(Control::Frame(Header::new(id, Kind::CloseStream)));
-            self.stats.streams_refused += 1;
+            bump(&mut self.stats.streams_refused, 1);
             event!(
                 debug,
                 session = self.id,
@@ -264,7 +264,7 @@ impl Inner {
             );
             return Ok(());
         }
-        self.stats.streams_accepted += 1;
+        bump(&mut self.stats.streams_accepted, 1);
         event!(
             trace,
             session = self.id,
@@ -310,7 +310,7 @@ impl Inner {
         let first = stream.peer == PeerSaid::Nothing;
         apply(stream);
         let refused = first && stream.peer.stopped() == Some(Stopped::Refused);
-        self.stats.refused_by_peer += u64::from(refused);
+        bump(&mut self.stats.refused_by_peer, u32::from(refused));
         stream.wake_all(wakers);
         if first {
             self.acknowledged(wakers);

@@ -5,7 +5,7 @@ use std::task::{Poll, Waker};
 
 use super::stream_state::{Closed, PeerSaid, Queued, RecvState, SendState, WriteWait};
 use super::write_waits::Blocked;
-use super::Inner;
+use super::{bump, Inner};
 use crate::error::Error;
 use crate::frame::{Header, Kind, HEADER_LEN};
 use crate::trace::event;
@@ -69,7 +69,7 @@ impl Inner {
                 kind: Kind::WindowUpdate,
             });
         self.queue_open(key, Header::new(id, Kind::OpenStream), announce);
-        self.stats.streams_opened += 1;
+        bump(&mut self.stats.streams_opened, 1);
         event!(trace, session = self.id, stream = id, "stream opened");
         // The next in line may open too.
         self.wake_opener_if_able(wakers);

@@ -17,7 +17,7 @@
 use std::task::Waker;
 
 use super::super::stream_state::{Queued, NO_QUEUE};
-use super::super::{micros_since, Inner, Now};
+use super::super::{bump, micros_since, Inner, Now};
 use super::Outgoing;
 use crate::frame::{Header, Kind};
 
@@ -152,7 +152,7 @@ impl Inner {
     /// Queues a keepalive (id 0), ahead of data.
     pub(crate) fn queue_keepalive(&mut self) {
         self.queue_control(Control::Frame(Header::new(0, Kind::Keepalive)));
-        self.stats.keepalives_sent += 1;
+        bump(&mut self.stats.keepalives_sent, 1);
     }
 
     /// Control entries beyond which the driver stops reading: one per live stream (credit),

@@ -82,8 +82,9 @@ pub(super) struct Outgoing {
     /// A writer wrote its frame itself since the driver last ran: the next writer queues its
     /// frame and wakes the driver instead (see `direct_possible`).
     pub(super) direct_unseen: bool,
-    /// The driver's waker, from its first sleep on (kept, where the core's `driver_waker` is
-    /// taken to wake it): direct writes poll the transport with it (see `session::direct`).
+    /// The driver's waker, from its first sleep on, kept: the core wakes the driver with it
+    /// (once per sleep, see `Inner::driver_asleep`), and direct writes poll the transport with
+    /// it (see `session::direct`).
     pub(super) driver_waker: Option<Waker>,
 }
 
