@@ -8,7 +8,8 @@
 #   and the speed tool's `tcp` mode without hashing (examples/speed.rs: one connection, reads and
 #   writes of 1 MiB, both ends on one thread), the better of the two being the limit for that stream count in that
 #   round; then, with 64 KiB writes, through the speed tool: this crate
-#   without hashing (`mux-tcp --no-verify`, against the limit) and with every byte hashed at
+#   without hashing (`mux-tcp --no-verify`, against the limit; and `mux-tcp-zc --no-verify`,
+#   its zero-copy API, `Stream::write_chunk` and `read_chunk`) and with every byte hashed at
 #   both ends (`mux-tcp`, against Go gomux doing the same: `--mode go`, sender and receiver in
 #   two Go processes, and `gomux-go-peer bench receive -pair`, both ends in one process, as
 #   the Rust modes run; and against xtaci/smux and hashicorp/yamux the same two ways:
@@ -279,6 +280,7 @@ speed_rate() {
     awk -v mode="$mode" '$1 == mode { print $5 }' <<<"$out"
 }
 shown tp-mux-nv "$speed --mode mux-tcp --no-verify --streams K --bytes $bytes"
+shown tp-zc-nv "$speed --mode mux-tcp-zc --no-verify --streams K --bytes $bytes"
 shown tp-mux "$speed --mode mux-tcp --streams K --bytes $bytes"
 shown tp-go "$speed --mode go --streams K --bytes $bytes"
 shown tp-yamux-nv "$speed --mode yamux-tcp --no-verify --streams K --bytes $bytes"
@@ -388,6 +390,7 @@ throughput_row() {
     iperf3) rate=$(iperf_rate) ;;
     tcp) rate=$(speed_rate tcp 1 --no-verify) ;;
     mux-nv) rate=$(speed_rate mux-tcp "$streams" --no-verify) ;;
+    zc-nv) rate=$(speed_rate mux-tcp-zc "$streams" --no-verify) ;;
     mux) rate=$(speed_rate mux-tcp "$streams") ;;
     go) rate=$(speed_rate go "$streams") ;;
     go-pair) rate=$(go_pair_rate "$streams" "$peer" bench) ;;
@@ -562,7 +565,7 @@ meta go "$("$go" version)"
 meta go-compare "$(cd benches/go-compare && awk '$1 ~ /^github.com\// { printf "%s%s %s", sep, $1, $2; sep = ", " }' go.mod)"
 meta iperf3 "$(iperf3 --version | head -n 1)"
 
-throughput_rows="iperf3 tcp mux-nv mux go go-pair yamux-nv go-smux go-smux-pair go-yamux go-yamux-pair tls mux-tls-nv"
+throughput_rows="iperf3 tcp mux-nv zc-nv mux go go-pair yamux-nv go-smux go-smux-pair go-yamux go-yamux-pair tls mux-tls-nv"
 for ((round = 1; round <= rounds; round++)); do
     echo "round $round of $rounds ($(date -u +%H:%M:%S))" >&2
     for streams in $stream_counts; do
