@@ -21,7 +21,9 @@ use std::time::Duration;
 /// A snapshot of a session's counters, from [`Session::stats`](crate::Session::stats).
 ///
 /// Counters run from the session's start; the `buffered` figures are the data received and not
-/// yet read by the application, over all streams.
+/// yet read by the application, over all streams. The counts of streams (`streams_*`,
+/// `refused_by_peer`) and of keepalives stop at `u32::MAX` (4,294,967,295): a side has 2^31
+/// stream ids, and a keepalive a second takes 136 years to get there.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -66,9 +68,6 @@ pub struct Stats {
     /// Keepalive frames sent.
     pub keepalives_sent: u64,
     /// Keepalive frames received.
-    ///
-    /// The counts of streams and keepalives stop at `u32::MAX` (4,294,967,295): a side has 2^31
-    /// stream ids, and a keepalive a second takes 136 years to get there.
     pub keepalives_received: u64,
     /// Received data not yet read, over all streams, now…
     pub buffered: u64,

@@ -39,9 +39,8 @@ const QUIET: Duration = Duration::from_secs(2);
 /// 13,420 (an 8 KiB read buffer, a 4 KiB stream buffer kept for reuse and the 2 KiB list it
 /// was kept in).
 ///
-/// The bound leaves 20 bytes over that: the resident size of an idle session end
-/// (`benches/idle_sessions.rs`, held to 2 KiB) has little more than that to spare, and 40 bytes
-/// more of shared state took it over.
+/// The bound leaves 20 bytes over that, about what the resident size of an idle session end
+/// (`benches/idle_sessions.rs`, held to 2 KiB) has to spare.
 const IDLE_BOUND: usize = 1712;
 /// The read buffer's state (its box in the driver), which a session keeping a partial frame
 /// keeps with it: 88 bytes, and the allocator's rounding.

@@ -15,6 +15,22 @@ fn greeting() -> Frame {
     Frame::control(GREETING_ID, Kind::Keepalive)
 }
 
+/// A peer's keepalives count up to `u32::MAX` and stop there (the `Stats` docs), however many
+/// more it sends: the count never wraps to a small number, and the frames are still taken.
+#[test]
+fn the_keepalive_count_stops_at_its_largest_value() {
+    let mut core = Core::new(Role::Server, Config::default());
+    core.frame(greeting()).expect("greeting");
+    core.inner.stats.keepalives_received = u32::MAX - 1;
+    for _ in 0..3 {
+        core.frame(Frame::control(0, Kind::Keepalive))
+            .expect("keepalive");
+    }
+    let stats = core.inner.stats();
+    assert_eq!(stats.keepalives_received, u64::from(u32::MAX));
+    assert_eq!(stats.frames_received, 4);
+}
+
 /// The session's receive counters count what arrived: frames and their bytes, keepalives,
 /// streams accepted and refused.
 #[test]
